@@ -1,0 +1,156 @@
+"""
+What train.py, sample.py, analyze.py and bench.py share: the `--key=value` configurator, one-line errors,
+atomic checkpoint files, and the accelerator peak-FLOPs table for MFU.
+"""
+
+import ast
+import difflib
+import os
+import sys
+
+import torch
+
+from model import GPT, GPTConfig
+
+
+class UserError(Exception):
+    """Bad input: printed as one line (no traceback), exit status 2."""
+
+
+def main_guard(main):
+    """Run main(); a UserError becomes `error: <message>` on stderr and exit status 2."""
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def closest(name, candidates):
+    match = difflib.get_close_matches(name, list(candidates), n=1)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+# ---------------------------------------------------------------------------------------------- configurator
+
+def _checked(key, value, default):
+    """value converted to the type of the default, or a UserError naming the key."""
+    if default is None:  # optional keys (e.g. top_k) take any value
+        return value
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+    elif isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(value, type(default)):
+        return value
+    raise UserError(f"{key} must be {type(default).__name__} like its default {default!r}, got {value!r}")
+
+
+def parse_config(defaults, argv):
+    """nanoGPT's convention: arguments without '=' are Python config files of `key = value` lines, applied in
+    order, then `--key=value` overrides. Returns a new dict with the same keys as defaults; unknown keys and
+    values of the wrong type are UserErrors."""
+    config = dict(defaults)
+
+    def assign(key, value, where):
+        if key not in defaults:
+            raise UserError(f"unknown config key {key!r} in {where}{closest(key, defaults)}")
+        config[key] = _checked(key, value, defaults[key])
+
+    for arg in argv:
+        if arg.startswith('--'):
+            key, eq, text = arg[2:].partition('=')
+            if not eq:
+                raise UserError(f"expected --key=value, got {arg!r}")
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                value = text  # a bare string: --operator=corridor
+            assign(key, value, 'the command line')
+        else:
+            if not os.path.isfile(arg):
+                raise UserError(f"config file {arg!r} not found")
+            namespace = {}
+            try:
+                exec(open(arg).read(), namespace)
+            except Exception as e:
+                raise UserError(f"config file {arg} failed: {type(e).__name__}: {e}") from None
+            for key, value in namespace.items():
+                if not key.startswith('_') and not callable(value) and type(value).__name__ != 'module':
+                    assign(key, value, arg)
+    return config
+
+
+def model_config(config):
+    """The GPTConfig named by a run config's keys; an impossible one is a UserError."""
+    keys = GPTConfig.__dataclass_fields__
+    try:
+        return GPTConfig(**{k: v for k, v in config.items() if k in keys})
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+
+def save_checkpoint(obj, path):
+    """Write atomically: a crash at any moment leaves either the old file or the new one, never a torn one."""
+    tmp = f"{path}.tmp"
+    with open(tmp, 'wb') as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def load_checkpoint(path, map_location='cpu'):
+    """A checkpoint dict, loaded with weights_only=True (no code runs from the file)."""
+    if not os.path.isfile(path):
+        raise UserError(f"no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt?): {reason}") from None
+    if not isinstance(ckpt, dict) or not {'model', 'model_args'} <= set(ckpt):
+        raise UserError(f"{path} is not a corridor-gpt checkpoint (no 'model' / 'model_args')")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt):
+    """The GPT a checkpoint holds (weights loaded, train mode)."""
+    model = GPT(GPTConfig(**ckpt['model_args']))
+    state = {k.removeprefix('_orig_mod.'): v for k, v in ckpt['model'].items()}  # saved from a compiled model
+    model.load_state_dict(state)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------- MFU
+
+# Dense peak FLOP/s from the vendor data sheets (no sparsity): bf16/fp16 tensor cores, and tf32 for float32.
+PEAK_FLOPS = {  # matched in order against torch.cuda.get_device_name()
+    'H200':      {'bfloat16': 989e12, 'float16': 989e12, 'float32': 494e12},
+    'H100 PCIe': {'bfloat16': 756e12, 'float16': 756e12, 'float32': 378e12},
+    'H100':      {'bfloat16': 989e12, 'float16': 989e12, 'float32': 494e12},
+    'A100':      {'bfloat16': 312e12, 'float16': 312e12, 'float32': 156e12},
+}
+
+
+def peak_flops(device, dtype):
+    """The device's peak FLOP/s for dtype ('bfloat16', 'float16', 'float32'), or None when unknown (CPU)."""
+    if not str(device).startswith('cuda') or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(torch.device(device))
+    for key, peaks in PEAK_FLOPS.items():
+        if key in name:
+            return peaks.get(dtype)
+    return None

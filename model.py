@@ -1,0 +1,447 @@
+"""
+GPT-2 (as nanoGPT builds it) where every attention head applies an operator from one family:
+
+    out_h = c_I·V_h + c_P·(P_h V_h)        P_h = causal softmax(Q_h K_hᵀ / √d_head)
+
+Plain attention is (c_I, c_P) = (0, 1). The convex corridor δ(γI + P) is (δγ, δ); for γ ∈ (−1, 0) it is a
+scaled convex mix of attention P and the negative Laplacian P − I. `OPERATORS` below is the whole family.
+
+Two attention paths give the same numbers: the fast path calls F.scaled_dot_product_attention (flash /
+memory-efficient kernels, never a T×T matrix) and adds the c_I·V term in one fused epilogue; the math path
+builds P explicitly and can hand it back (`GPT.forward_with_probs`) for analysis.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.utils.parametrize as parametrize
+from torch.nn import functional as F
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The operator family. Each form names its two per-head scalars, how they start from the user-facing
+# (γ0, δ0) pair (so every form can start as plain attention, γ0 = 0, δ0 = 1), and how they give (c_I, c_P):
+#
+#   operator    per-head scalars   from (γ0, δ0)            c_I     c_P      γ = c_I/c_P    δ = c_P
+#   attention   –                  –                        0       1        0              1
+#   laplacian   γ, δ fixed         (−1, −1) on the last     δγ      δ        −1 (I − P)     −1
+#               laplacian_heads heads, (0, 1) elsewhere
+#   corridor    γ, δ               (γ0, δ0)                 δγ      δ        γ              δ
+#   alpha       α0, α1             (δ0γ0, δ0)               α0      α1       α0/α1          α1
+#   alpha_beta  α, β               (δ0(1+γ0), δ0γ0)         β       α − β    β/(α − β)      α − β
+#
+# A sixth form is one more entry. Which scalars learn, and constraints on them, are set on the parameters
+# themselves (OperatorCoefficients), never in forward().
+
+class OperatorForm(NamedTuple):
+    params: tuple[str, ...]  # names of the per-head scalars
+    fixed: bool              # True: the scalars are buffers, whatever learn_gamma / learn_delta say
+    init: Callable           # (gamma0 [n_head], delta0 [n_head], config) -> one tensor per scalar
+    coefficients: Callable   # (*scalars) -> (c_I, c_P)
+
+
+def _laplacian_init(gamma0, delta0, config):
+    # I − P = δ(γI + P) with γ = δ = −1; the other heads stay plain attention (γ, δ) = (0, 1)
+    is_laplacian = torch.arange(config.n_head) >= config.n_head - config.laplacian_heads
+    return torch.where(is_laplacian, -1.0, 0.0), torch.where(is_laplacian, -1.0, 1.0)
+
+
+OPERATORS = {
+    'attention':  OperatorForm((), True, lambda g, d, cfg: (), lambda: (0.0, 1.0)),
+    'laplacian':  OperatorForm(('gamma', 'delta'), True, _laplacian_init,
+                               lambda gamma, delta: (delta * gamma, delta)),
+    'corridor':   OperatorForm(('gamma', 'delta'), False, lambda g, d, cfg: (g, d),
+                               lambda gamma, delta: (delta * gamma, delta)),
+    'alpha':      OperatorForm(('alpha0', 'alpha1'), False, lambda g, d, cfg: (d * g, d),
+                               lambda alpha0, alpha1: (alpha0, alpha1)),
+    'alpha_beta': OperatorForm(('alpha', 'beta'), False, lambda g, d, cfg: (d * (1 + g), d * g),
+                               lambda alpha, beta: (beta, alpha - beta)),
+}
+
+
+def gamma_delta(coefficients):
+    """(γ, δ) from a [..., 2] tensor of (c_I, c_P): γ = c_I / c_P, δ = c_P."""
+    c_I, c_P = coefficients.unbind(-1)
+    return c_I / c_P, c_P
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50257     # the tokenizer's; the embedding is padded to a multiple of 64 (faster matmuls)
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True           # biases in Linears and LayerNorms, as GPT-2
+    # the attention operator: see OPERATORS
+    operator: str = 'attention'
+    laplacian_heads: int = 1    # operator='laplacian': the last this-many heads of every layer use I − P
+    gamma_init: float = 0.0     # (γ0, δ0) for every learnable form, converted to the form's own scalars
+    delta_init: float = 1.0
+    init_spread: float = 0.0    # γ0 of each head drawn uniformly from gamma_init ± init_spread
+    learn_gamma: bool = True    # False: γ is a fixed buffer (corridor only)
+    learn_delta: bool = True    # False: δ is a fixed buffer (corridor only)
+    gamma_nonneg: bool = False  # corridor only: γ ≥ 0 always (see NonNegative)
+    operator_lr_mult: float = 1.0  # learning-rate multiplier for the operator scalars
+
+    def __post_init__(self):
+        def need(ok, message):
+            if not ok:
+                raise ValueError(message)
+        for key in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd'):
+            need(getattr(self, key) > 0, f"{key} must be positive, got {getattr(self, key)}")
+        need(self.n_embd % self.n_head == 0,
+             f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        need(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
+        need(self.operator in OPERATORS,
+             f"unknown operator {self.operator!r} (choose from {', '.join(OPERATORS)})")
+        need(self.init_spread >= 0, f"init_spread must be >= 0, got {self.init_spread}")
+        need(self.operator_lr_mult >= 0, f"operator_lr_mult must be >= 0, got {self.operator_lr_mult}")
+        if self.operator == 'laplacian':
+            need(1 <= self.laplacian_heads <= self.n_head,
+                 f"laplacian_heads must be in [1, n_head={self.n_head}], got {self.laplacian_heads}")
+        if OPERATORS[self.operator].fixed:
+            changed = [key for key, default in (('gamma_init', 0.0), ('delta_init', 1.0), ('init_spread', 0.0),
+                                                ('learn_gamma', True), ('learn_delta', True),
+                                                ('gamma_nonneg', False))
+                       if getattr(self, key) != default]
+            need(not changed, f"{', '.join(changed)} only apply to a learnable operator "
+                              f"(corridor, alpha, alpha_beta), not operator={self.operator!r}")
+        if self.operator != 'corridor':
+            need(self.learn_gamma and self.learn_delta,
+                 f"learn_gamma/learn_delta=False fix the corridor's γ/δ: use operator='corridor' "
+                 f"(operator={self.operator!r} has no γ/δ scalars of its own)")
+            need(not self.gamma_nonneg, f"gamma_nonneg constrains the corridor's γ: use operator='corridor'")
+        if self.gamma_nonneg:
+            need(self.gamma_init - self.init_spread >= 0,
+                 f"gamma_nonneg needs gamma_init - init_spread >= 0, got {self.gamma_init} - {self.init_spread}")
+
+    @property
+    def padded_vocab_size(self):
+        return 64 * math.ceil(self.vocab_size / 64)
+
+
+class _ClampAtZero(torch.autograd.Function):
+    """max(raw, 0), whose gradient is blocked only where it would push an already-clamped value further down."""
+
+    @staticmethod
+    def forward(ctx, raw):
+        ctx.save_for_backward(raw)
+        return raw.clamp(min=0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raw, = ctx.saved_tensors
+        return torch.where((raw > 0) | (grad < 0), grad, torch.zeros_like(grad))  # descent moves raw by -grad
+
+
+class NonNegative(nn.Module):
+    """γ = max(raw, 0): the forward can never see γ < 0, however the optimizer moves raw.
+
+    Why not a plain clamp: its gradient is zero once raw < 0, so a γ that touches 0 would stay there for good.
+    Why not pass the gradient straight through: raw would keep sinking while the loss pushes γ down, and γ
+    could only leave 0 after raw climbed all the way back. Here the push further down is blocked and the pull
+    back up is not, so raw overshoots 0 only by what Adam's momentum carries (about 10 steps' worth)."""
+
+    def forward(self, raw):
+        return _ClampAtZero.apply(raw)
+
+    def right_inverse(self, gamma):
+        return gamma
+
+
+class OperatorCoefficients(nn.Module):
+    """One layer's per-head (c_I, c_P), computed from its form's scalars (see OPERATORS)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.form = OPERATORS[config.operator]
+        self.n_head = config.n_head
+        gamma0 = config.gamma_init + config.init_spread * (2 * torch.rand(config.n_head) - 1)
+        delta0 = torch.full((config.n_head,), config.delta_init)
+        for name, value in zip(self.form.params, self.form.init(gamma0, delta0, config)):
+            value = value.float()
+            if not self.form.fixed and getattr(config, f'learn_{name}', True):
+                self.register_parameter(name, nn.Parameter(value))
+            else:
+                self.register_buffer(name, value)
+        if config.gamma_nonneg:
+            parametrize.register_parametrization(self, 'gamma', NonNegative())
+
+    @property
+    def is_plain_attention(self):
+        return not self.form.params
+
+    def forward(self):
+        """(c_I, c_P), each a [n_head] tensor."""
+        c_I, c_P = self.form.coefficients(*(getattr(self, name) for name in self.form.params))
+        return torch.as_tensor(c_I).expand(self.n_head), torch.as_tensor(c_P).expand(self.n_head)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with an optional bias (PyTorch's only offers both or neither before 2.1)."""
+
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q | k | v
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.coefficients = OperatorCoefficients(config)
+
+    def forward(self, x, cache=None, return_probs=False):
+        """x [B, T, C] -> y [B, T, C]; with return_probs, (y, P) with P [B, n_head, T, T] from the math path.
+
+        cache: a KVCache layer slot for generation (keys/values of earlier positions)."""
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        v_self = v  # the identity term reads the values of the query positions only
+        if cache is not None:
+            k, v = cache.extend(k, v)
+        causal = T > 1  # one new token after a cached prefix attends to every cached position
+        dropout_p = self.dropout if self.training else 0.0
+        if return_probs:  # math path: P explicitly
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+            if causal:
+                mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril(k.size(2) - T)
+                att = att.masked_fill(~mask, float('-inf'))
+            probs = F.softmax(att, dim=-1)
+            pv = self.attn_dropout(probs) @ v
+        else:  # fast path: flash / memory-efficient kernels
+            assert not (causal and k.size(2) != T), "a cached forward takes one token at a time"
+            pv = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
+        if self.coefficients.is_plain_attention:
+            y = pv  # c_I = 0, c_P = 1: nothing to add, so plain attention pays nothing for the family
+        else:
+            c_I, c_P = (c.to(pv.dtype).view(-1, 1, 1) for c in self.coefficients())
+            y = c_I * v_self + c_P * pv  # out_h = c_I·V_h + c_P·(P_h V_h), one fused epilogue under compile
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = self.resid_dropout(self.c_proj(y))
+        return (y, probs) if return_probs else y
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate='tanh')  # GPT-2's own GELU, so imported weights give GPT-2's logits
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cache=None, return_probs=False):
+        a = self.attn(self.ln_1(x), cache=cache, return_probs=return_probs)
+        a, probs = a if return_probs else (a, None)
+        x = x + a
+        x = x + self.mlp(self.ln_2(x))
+        return (x, probs) if return_probs else x
+
+
+class KVCache:
+    """Keys and values of every layer for the positions generated so far."""
+
+    def __init__(self, n_layer):
+        self.layers = [KVCache.Layer() for _ in range(n_layer)]
+
+    def __len__(self):
+        return 0 if self.layers[0].k is None else self.layers[0].k.size(2)
+
+    class Layer:
+        def __init__(self):
+            self.k = self.v = None
+
+        def extend(self, k, v):
+            self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+            self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+            return self.k, self.v
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith('c_proj.weight'):  # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer)
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self, non_embedding=True):
+        """Parameter count; position embeddings excluded by default (token embeddings count: tied to lm_head)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def _trunk(self, idx, cache=None, return_probs=False):
+        B, T = idx.size()
+        start = len(cache) if cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of length {start + T} is longer than block_size={self.config.block_size}")
+        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        probs = []
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, cache=cache.layers[i] if cache is not None else None, return_probs=return_probs)
+            if return_probs:
+                x, p = x
+                probs.append(p)
+        # the matmul runs over the padded vocabulary (aligned, faster); the padding rows are not tokens, so the
+        # logits are a view of the real ones: no probability and no gradient ever reaches the padding
+        logits = self.lm_head(self.transformer.ln_f(x))[..., :self.config.vocab_size]
+        return logits, probs
+
+    def forward(self, idx, targets=None):
+        """idx [B, T] -> (logits [B, T, vocab_size], mean cross-entropy or None). Targets of -1 are ignored."""
+        logits, _ = self._trunk(idx)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def forward_with_probs(self, idx):
+        """The math path: (logits, [P of every layer, each [B, n_head, T, T]])."""
+        return self._trunk(idx, return_probs=True)
+
+    def operator_coefficients(self):
+        """(c_I, c_P) of every head, whatever the form: a float tensor [n_layer, n_head, 2], detached, on CPU."""
+        with torch.no_grad():
+            return torch.stack([torch.stack(block.attn.coefficients(), dim=-1).float().cpu()
+                                for block in self.transformer.h])
+
+    def operator_parameters(self):
+        """The learnable operator scalars (raw values under any constraint), for the optimizer."""
+        return [p for block in self.transformer.h for p in block.attn.coefficients.parameters()]
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW: weight decay on ≥2-D weights only. The operator scalars get none, because decay would pull
+        every form toward c = 0 (a dead head), not toward attention, and they get their own learning-rate
+        multiplier, kept in each group as 'lr_mult' for the schedule."""
+        operator = {id(p) for p in self.operator_parameters()}
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay, lr_mult=1.0),
+            dict(params=[p for p in params if p.dim() < 2 and id(p) not in operator], weight_decay=0.0,
+                 lr_mult=1.0),
+            dict(params=[p for p in params if id(p) in operator], weight_decay=0.0,
+                 lr_mult=self.config.operator_lr_mult),
+        ]
+        groups = [g for g in groups if g['params']]
+        for g in groups:
+            g['lr'] = learning_rate * g['lr_mult']
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token (forward + backward), PaLM appendix B: 6N + 12·L·H·Q·T."""
+        L, H, Q = self.config.n_layer, self.config.n_head, self.config.n_embd // self.config.n_head
+        return 6 * self.get_num_params() + 12 * L * H * Q * seq_len
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None):
+        """Sample max_new_tokens after idx [B, T]; temperature 0 is greedy. The KV cache gives the same tokens
+        as recomputing every position (tests check it); past block_size the context is cropped and, since
+        positions shift, the cache is rebuilt from the cropped context."""
+        cache = None
+        for _ in range(max_new_tokens):
+            context = idx[:, -self.config.block_size:]
+            if not use_cache:
+                logits, _ = self._trunk(context)
+            elif cache is None or len(cache) == self.config.block_size:
+                cache = KVCache(self.config.n_layer)
+                logits, _ = self._trunk(context, cache=cache)
+            else:
+                logits, _ = self._trunk(idx[:, -1:], cache=cache)
+            logits = logits[:, -1, :]
+            if temperature == 0:
+                next_token = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = float('-inf')
+                next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+            idx = torch.cat((idx, next_token), dim=1)
+        return idx
+
+    @classmethod
+    def from_pretrained(cls, model_type, **overrides):
+        """OpenAI GPT-2 weights ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl', or a local transformers
+        folder) through `transformers`. overrides: dropout and the operator keys, e.g. operator='corridor'
+        (at γ0 = 0, δ0 = 1 the model computes exactly GPT-2)."""
+        architecture = {'block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'bias'} & set(overrides)
+        if architecture:
+            raise ValueError(f"GPT-2's architecture is fixed by its weights: cannot override {sorted(architecture)}")
+        from transformers import GPT2LMHeadModel  # only needed here
+        try:
+            hf = GPT2LMHeadModel.from_pretrained(model_type)
+        except (OSError, ValueError) as e:
+            raise RuntimeError(f"cannot load GPT-2 weights {model_type!r}: {str(e).splitlines()[0]} (no network? "
+                               f"pass a local folder saved with save_pretrained)") from None
+        c = hf.config
+        config = GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
+                           n_embd=c.n_embd, bias=True, **overrides)
+        model = cls(config)
+        ours = model.state_dict()
+        # GPT-2 stores these as Conv1D, [in, out]: transposed relative to nn.Linear
+        transposed = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+        copied = set()
+        with torch.no_grad():
+            for key, value in hf.state_dict().items():
+                if key.endswith(('.attn.masked_bias', '.attn.bias')) or key == 'lm_head.weight':
+                    continue  # causal-mask buffers; lm_head is tied to wte
+                if key.endswith(transposed):
+                    value = value.t()
+                target = ours[key][:value.size(0)] if key == 'transformer.wte.weight' else ours[key]
+                assert target.shape == value.shape, f"{key}: ours {tuple(target.shape)}, GPT-2 {tuple(value.shape)}"
+                target.copy_(value)
+                copied.add(key)
+        missing = [k for k in ours if k not in copied and '.coefficients.' not in k and k != 'lm_head.weight']
+        assert not missing, f"not in the GPT-2 checkpoint: {missing}"
+        return model

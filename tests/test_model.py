@@ -1,0 +1,363 @@
+"""model.py: every operator form is the math it claims, on both attention paths."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, OPERATORS, CausalSelfAttention, GPTConfig, gamma_delta
+
+FORMS = list(OPERATORS)
+LEARNABLE = ['corridor', 'alpha', 'alpha_beta']
+
+
+def tiny_config(**overrides):
+    return GPTConfig(**{**dict(block_size=16, vocab_size=50, n_layer=2, n_head=4, n_embd=32), **overrides})
+
+
+def build(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return GPT(tiny_config(**overrides))
+
+
+def with_weights_of(base, **overrides):
+    """A model of another form carrying base's weights (all but the operator scalars)."""
+    model = build(**overrides)
+    model.load_state_dict(base.state_dict(), strict=False)
+    return model
+
+
+def tokens(B=3, T=16, seed=1, vocab=50):
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def train_steps(model, steps=5, lr=1e-2):
+    """A few AdamW steps on random data, so that heads (and their scalars) differ."""
+    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=lr, betas=(0.9, 0.95), device_type='cpu')
+    for i in range(steps):
+        idx = tokens(seed=100 + i)
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model
+
+
+def causal_softmax_by_hand(attn, x):
+    """P of every head [B, H, T, T] and V [B, H, T, hs], computed from scratch."""
+    B, T, C = x.shape
+    H = attn.n_head
+    q, k, v = attn.c_attn(x).split(C, dim=2)
+    q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(C // H)
+    scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1), float('-inf'))
+    return scores.softmax(-1), v
+
+
+def merge_heads_and_project(attn, y):
+    B, H, T, hs = y.shape
+    return attn.c_proj(y.transpose(1, 2).reshape(B, T, H * hs))
+
+
+# ----------------------------------------------------------------------------------------- operator identities
+
+def test_corridor_at_gamma0_delta1_is_attention():
+    attention = build(operator='attention').eval()
+    corridor = with_weights_of(attention, operator='corridor', gamma_init=0.0, delta_init=1.0).eval()
+    idx = tokens()
+    torch.testing.assert_close(corridor(idx)[0], attention(idx)[0], atol=1e-6, rtol=0)
+
+
+def test_laplacian_heads_are_identity_minus_P():
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(tiny_config(operator='laplacian', laplacian_heads=2)).double()
+    x = torch.randn(2, 10, 32, dtype=torch.float64)
+    P, v = causal_softmax_by_hand(attn, x)
+    eye = torch.eye(10, dtype=torch.float64)
+    per_head = [P[:, h] if h < 2 else eye - P[:, h] for h in range(4)]  # heads 2, 3 are the last two
+    expected = merge_heads_and_project(attn, torch.stack([op @ v[:, h] for h, op in enumerate(per_head)], dim=1))
+    torch.testing.assert_close(attn(x), expected)                      # fast path
+    torch.testing.assert_close(attn(x, return_probs=True)[0], expected)  # math path
+
+
+@pytest.mark.parametrize('operator', LEARNABLE)
+def test_operator_is_cI_V_plus_cP_PV_with_P_built_by_hand(operator):
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(tiny_config(operator=operator, gamma_init=-0.4, delta_init=1.3,
+                                           init_spread=0.5)).double()
+    x = torch.randn(2, 10, 32, dtype=torch.float64)
+    P, v = causal_softmax_by_hand(attn, x)
+    c_I, c_P = (c.view(1, -1, 1, 1) for c in attn.coefficients())
+    expected = merge_heads_and_project(attn, c_I * v + c_P * (P @ v))
+    torch.testing.assert_close(attn(x), expected)
+    y, probs = attn(x, return_probs=True)
+    torch.testing.assert_close(y, expected)
+    torch.testing.assert_close(probs, P)
+
+
+def test_alpha_forms_with_parameters_mapped_from_gamma_delta_give_the_corridor():
+    corridor = build(operator='corridor', gamma_init=-0.4, delta_init=1.3, init_spread=0.5).eval()
+    alpha = with_weights_of(corridor, operator='alpha').eval()
+    alpha_beta = with_weights_of(corridor, operator='alpha_beta').eval()
+    with torch.no_grad():
+        for blocks in zip(corridor.transformer.h, alpha.transformer.h, alpha_beta.transformer.h):
+            c, a, ab = (b.attn.coefficients for b in blocks)
+            gamma, delta = c.gamma, c.delta
+            assert gamma.std() > 0.05  # the heads really differ
+            a.alpha0.copy_(delta * gamma)          # α0·I + α1·P = δγ·I + δ·P
+            a.alpha1.copy_(delta)
+            ab.alpha.copy_(delta * (1 + gamma))    # αP + β(I − P) = β·I + (α − β)·P
+            ab.beta.copy_(delta * gamma)
+    idx = tokens()
+    expected = corridor(idx)[0]
+    torch.testing.assert_close(alpha(idx)[0], expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(alpha_beta(idx)[0], expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('operator', FORMS)
+def test_operator_coefficients_follow_the_table(operator):
+    gamma0, delta0 = -0.3, 1.5
+    learnable = dict(gamma_init=gamma0, delta_init=delta0) if operator in LEARNABLE else {}
+    extra = dict(laplacian_heads=1) if operator == 'laplacian' else {}
+    coefficients = build(operator=operator, **learnable, **extra).operator_coefficients()
+    assert coefficients.shape == (2, 4, 2) and coefficients.dtype == torch.float32
+    assert coefficients.device.type == 'cpu' and not coefficients.requires_grad
+    expected = {
+        'attention': [[0.0, 1.0]] * 4,
+        'laplacian': [[0.0, 1.0]] * 3 + [[1.0, -1.0]],
+        'corridor': [[delta0 * gamma0, delta0]] * 4,
+        'alpha': [[delta0 * gamma0, delta0]] * 4,
+        'alpha_beta': [[delta0 * gamma0, delta0]] * 4,
+    }[operator]
+    torch.testing.assert_close(coefficients, torch.tensor([expected, expected]))
+    gamma, delta = gamma_delta(coefficients)
+    if operator in LEARNABLE:  # every learnable form starts at the (γ0, δ0) it was given
+        torch.testing.assert_close(gamma, torch.full((2, 4), gamma0))
+        torch.testing.assert_close(delta, torch.full((2, 4), delta0))
+    if operator == 'laplacian':
+        assert gamma[:, -1].tolist() == [-1.0, -1.0] and delta[:, -1].tolist() == [-1.0, -1.0]
+
+
+def test_init_spread_draws_gamma_around_gamma_init():
+    coefficients = build(operator='corridor', gamma_init=-0.5, init_spread=0.25, n_head=8).operator_coefficients()
+    gamma, delta = gamma_delta(coefficients)
+    assert ((gamma >= -0.75) & (gamma <= -0.25)).all() and gamma.std() > 0.05
+    assert (delta == 1.0).all()
+
+
+# ----------------------------------------------------------------------------------------- both paths
+
+@pytest.mark.parametrize('operator', FORMS)
+def test_fast_path_equals_math_path(operator):
+    model = build(operator=operator, init_spread=0.3 if operator in LEARNABLE else 0.0)
+    idx = tokens()
+    for trained in (False, True):
+        if trained:
+            train_steps(model)
+        model.eval()
+        fast, _ = model(idx)
+        math_logits, probs = model.forward_with_probs(idx)
+        torch.testing.assert_close(fast, math_logits, atol=2e-5, rtol=1e-5)
+        assert len(probs) == 2 and probs[0].shape == (3, 4, 16, 16)
+        torch.testing.assert_close(probs[0].sum(-1), torch.ones(3, 4, 16))
+        model.train()
+    if operator in LEARNABLE:  # the steps moved the scalars, differently per head
+        assert gamma_delta(model.operator_coefficients())[0].std() > 1e-3
+
+
+@pytest.mark.parametrize('operator', FORMS)
+def test_future_tokens_never_change_the_past(operator):
+    model = train_steps(build(operator=operator, init_spread=0.3 if operator in LEARNABLE else 0.0)).eval()
+    idx = tokens(B=2)
+    t = 7
+    changed = idx.clone()
+    changed[:, t + 1:] = (changed[:, t + 1:] + 1 + torch.arange(8)) % 50
+    for run in (lambda i: model(i)[0], lambda i: model.forward_with_probs(i)[0]):
+        before, after = run(idx), run(changed)
+        torch.testing.assert_close(after[:, :t + 1], before[:, :t + 1], atol=0, rtol=0)
+        assert (after[:, t + 1:] - before[:, t + 1:]).abs().max() > 1e-4  # the change did reach the future
+
+
+def test_vocabulary_is_padded_for_the_matmul_but_logits_cover_only_real_tokens():
+    model = build(vocab_size=50)
+    assert model.transformer.wte.weight.shape[0] == 64
+    logits, loss = model(tokens(), tokens(seed=2))
+    assert logits.shape == (3, 16, 50)
+    loss.backward()
+    assert model.lm_head.weight.grad[50:].abs().max() == 0  # padding rows never get gradient
+
+
+def test_ignore_index_minus_one_drops_positions_from_the_loss():
+    model = build().eval()
+    idx, targets = tokens(), tokens(seed=2)
+    masked = targets.clone()
+    masked[:, 8:] = -1
+    logits, loss = model(idx, masked)
+    expected = F.cross_entropy(logits[:, :8].reshape(-1, 50), targets[:, :8].reshape(-1))
+    torch.testing.assert_close(loss, expected)
+
+
+# ----------------------------------------------------------------------------------------- gradients
+
+@pytest.mark.parametrize('operator,extra', [('corridor', {}), ('alpha', {}), ('alpha_beta', {}),
+                                            ('corridor', dict(gamma_nonneg=True, gamma_init=0.4))])
+def test_operator_scalar_gradients_match_finite_differences(operator, extra):
+    extra = {'gamma_init': -0.4, 'delta_init': 1.2, 'init_spread': 0.3, **extra}
+    model = build(operator=operator, n_layer=2, n_head=2, n_embd=8, **extra).double()
+    idx, targets = tokens(B=2, T=6), tokens(B=2, T=6, seed=2)
+    _, loss = model(idx, targets)
+    scalars = model.operator_parameters()
+    assert len(scalars) == 4  # 2 layers × 2 scalars of [n_head]
+    grads = torch.autograd.grad(loss, scalars)
+    eps = 1e-6
+    with torch.no_grad():
+        for p, g in zip(scalars, grads):
+            assert g.abs().min() > 1e-8  # every scalar of every head gets a gradient
+            for h in range(p.numel()):
+                p[h] += eps
+                up = model(idx, targets)[1].item()
+                p[h] -= 2 * eps
+                down = model(idx, targets)[1].item()
+                p[h] += eps
+                assert g[h].item() == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-9)
+
+
+# ----------------------------------------------------------------------------------------- constraints, optimizer
+
+def c_I_total(model):
+    return sum(block.attn.coefficients()[0].sum() for block in model.transformer.h)
+
+
+def test_gamma_nonneg_holds_under_large_steps_pushing_gamma_negative_and_can_leave_zero():
+    model = build(operator='corridor', gamma_nonneg=True, gamma_init=0.5, learn_delta=False)
+    optimizer = model.configure_optimizers(0.0, 0.2, (0.9, 0.95), 'cpu')
+    for _ in range(200):  # loss = Σ c_I = Σ γ (δ fixed at 1): the gradient pushes every γ down, hard
+        optimizer.zero_grad()
+        c_I_total(model).backward()
+        optimizer.step()
+        gamma, _ = gamma_delta(model.operator_coefficients())
+        assert (gamma >= 0).all()
+    assert (gamma == 0).all()
+    raw_gamma = [block.attn.coefficients.parametrizations.gamma.original for block in model.transformer.h]
+    # momentum carried raw a little past the boundary, but the blocked gradient stopped it sinking further
+    assert all(((raw < 0) & (raw > -20 * 0.2)).all() for raw in raw_gamma)
+    for _ in range(40):  # the gradient turns: γ leaves 0 again, promptly
+        optimizer.zero_grad()
+        (-c_I_total(model)).backward()
+        optimizer.step()
+    assert (gamma_delta(model.operator_coefficients())[0] > 0).all()
+
+
+def test_fixed_gamma_delta_never_move_and_are_saved():
+    model = build(operator='corridor', gamma_init=-0.5, delta_init=1.0, learn_gamma=False, learn_delta=False)
+    assert model.operator_parameters() == []
+    before = model.operator_coefficients()
+    train_steps(model, steps=10, lr=0.1)
+    torch.testing.assert_close(model.operator_coefficients(), before, atol=0, rtol=0)
+    assert 'transformer.h.0.attn.coefficients.gamma' in model.state_dict()
+    # one fixed, one learnt
+    model = build(operator='corridor', gamma_init=-0.5, learn_gamma=False)
+    before = gamma_delta(model.operator_coefficients())
+    after = gamma_delta(train_steps(model, steps=10, lr=0.1).operator_coefficients())
+    torch.testing.assert_close(after[0], before[0], atol=0, rtol=0)
+    assert (after[1] - before[1]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize('operator', LEARNABLE)
+def test_weight_decay_never_reaches_the_operator_scalars(operator):
+    model = build(operator=operator, gamma_init=-0.5, delta_init=1.5)
+    optimizer = model.configure_optimizers(weight_decay=0.5, learning_rate=0.1, betas=(0.9, 0.95), device_type='cpu')
+    scalars_before = [p.detach().clone() for p in model.operator_parameters()]
+    weight_before = model.transformer.h[0].mlp.c_fc.weight.detach().clone()
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)  # no gradient: only decoupled weight decay can move a parameter
+    optimizer.step()
+    for p, before in zip(model.operator_parameters(), scalars_before):
+        torch.testing.assert_close(p.detach(), before, atol=0, rtol=0)
+    torch.testing.assert_close(model.transformer.h[0].mlp.c_fc.weight.detach(), weight_before * (1 - 0.1 * 0.5))
+
+
+def test_operator_lr_mult_scales_the_scalars_step():
+    steps = []
+    for mult in (1.0, 3.0):
+        model = build(operator='corridor', gamma_init=-0.5, operator_lr_mult=mult)
+        optimizer = model.configure_optimizers(0.0, 1e-3, (0.9, 0.95), 'cpu')
+        before = [p.detach().clone() for p in model.parameters()]
+        _, loss = model(tokens(), tokens(seed=2))
+        loss.backward()
+        optimizer.step()
+        after = dict(zip([id(p) for p in model.parameters()], before))
+        scalar_ids = {id(p) for p in model.operator_parameters()}
+        steps.append({('scalar' if id(p) in scalar_ids else 'weight', i): (p.detach() - after[id(p)]).abs().max()
+                      for i, p in enumerate(model.parameters())})
+    for key in steps[0]:
+        ratio = (steps[1][key] / steps[0][key]).item()
+        assert ratio == pytest.approx(3.0 if key[0] == 'scalar' else 1.0, rel=1e-4)
+
+
+# ----------------------------------------------------------------------------------------- config errors
+
+@pytest.mark.parametrize('overrides,message', [
+    (dict(operator='corridr'), "unknown operator 'corridr'"),
+    (dict(n_embd=30), "divisible by n_head"),
+    (dict(operator='laplacian', laplacian_heads=5), "laplacian_heads must be in [1, n_head=4]"),
+    (dict(operator='attention', gamma_init=-0.5), "gamma_init only apply to a learnable operator"),
+    (dict(operator='alpha', gamma_nonneg=True), "gamma_nonneg constrains the corridor"),
+    (dict(operator='alpha_beta', learn_gamma=False), "use operator='corridor'"),
+    (dict(operator='corridor', gamma_nonneg=True, gamma_init=-0.2), "gamma_nonneg needs gamma_init"),
+    (dict(operator='corridor', gamma_nonneg=True, gamma_init=0.1, init_spread=0.2), "gamma_nonneg needs"),
+    (dict(init_spread=-1.0, operator='corridor'), "init_spread must be >= 0"),
+])
+def test_impossible_configs_fail_at_construction(overrides, message):
+    with pytest.raises(ValueError) as error:
+        tiny_config(**overrides)
+    assert message in str(error.value)
+
+
+# ----------------------------------------------------------------------------------------- compile, generation
+
+def test_compiled_model_equals_eager_on_cpu():
+    model = build(operator='corridor', gamma_init=-0.4, init_spread=0.3)
+    compiled = torch.compile(model, fullgraph=True)  # fullgraph: a graph break in the operator code fails here
+    idx, targets = tokens(), tokens(seed=2)
+    eager_logits, eager_loss = model(idx, targets)
+    eager_grads = torch.autograd.grad(eager_loss, model.operator_parameters())
+    logits, loss = compiled(idx, targets)
+    grads = torch.autograd.grad(loss, model.operator_parameters())
+    torch.testing.assert_close(logits, eager_logits, atol=1e-5, rtol=1e-5)
+    for g, e in zip(grads, eager_grads):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize('operator', FORMS)
+def test_kv_cached_generation_equals_recomputing_every_position(operator):
+    model = train_steps(build(operator=operator, init_spread=0.3 if operator in LEARNABLE else 0.0)).eval()
+    prompt = tokens(B=2, T=5)
+    # 20 new tokens run past block_size=16, so the cropped-context rebuild is covered too
+    cached = model.generate(prompt, 20, temperature=0, use_cache=True)
+    uncached = model.generate(prompt, 20, temperature=0, use_cache=False)
+    assert torch.equal(cached, uncached)
+    g1, g2 = (torch.Generator().manual_seed(7) for _ in range(2))
+    assert torch.equal(model.generate(prompt, 12, temperature=1.0, top_k=10, generator=g1, use_cache=True),
+                       model.generate(prompt, 12, temperature=1.0, top_k=10, generator=g2, use_cache=False))
+
+
+def test_gpt2_weights_import_gives_gpt2_logits(tmp_path):
+    transformers = pytest.importorskip('transformers')
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_positions=32, n_embd=48, n_layer=2, n_head=3, vocab_size=100, bos_token_id=0, eos_token_id=0)).eval()
+    hf.save_pretrained(tmp_path)
+    idx = tokens(B=2, T=20, vocab=100)
+    expected = hf(idx).logits
+    for operator in ('attention', 'corridor'):  # the corridor at γ = 0, δ = 1 is GPT-2 exactly
+        model = GPT.from_pretrained(str(tmp_path), operator=operator).eval()
+        assert model.config.vocab_size == 100 and model.config.block_size == 32
+        torch.testing.assert_close(model(idx)[0], expected, atol=1e-4, rtol=0)
+
+
+def test_gpt2_import_without_weights_is_one_clear_error(tmp_path):
+    pytest.importorskip('transformers')
+    with pytest.raises(RuntimeError, match="cannot load GPT-2 weights"):
+        GPT.from_pretrained(str(tmp_path / 'nowhere'))
