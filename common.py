@@ -1,6 +1,6 @@
 """
-What train.py, sample.py, analyze.py and bench.py share: the `--key=value` configurator, one-line errors,
-atomic checkpoint files, and the accelerator peak-FLOPs table for MFU.
+What the scripts share: one-line errors, the `--key=value` configurator, tokenizers, atomic checkpoint files,
+and the accelerator peak-FLOPs table for MFU.
 """
 
 import ast
@@ -93,6 +93,34 @@ def model_config(config):
         return GPTConfig(**{k: v for k, v in config.items() if k in keys})
     except ValueError as e:
         raise UserError(str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------------- tokenizers
+
+def gpt2_encoding():
+    """tiktoken's GPT-2 BPE. It downloads its files once; offline, point TIKTOKEN_CACHE_DIR at a cache."""
+    import tiktoken
+    try:
+        return tiktoken.get_encoding('gpt2')
+    except Exception as e:
+        raise UserError(f"cannot load the GPT-2 BPE through tiktoken ({type(e).__name__}): it downloads its files "
+                        f"once, so without network set TIKTOKEN_CACHE_DIR to a folder that holds them") from None
+
+
+def tokenizer_from_meta(meta):
+    """(encode, decode) for a dataset's meta.json dict: 'char' (its itos list) or 'gpt2'."""
+    if meta['tokenizer'] == 'char':
+        itos = meta['itos']
+        stoi = {c: i for i, c in enumerate(itos)}
+
+        def encode(text):
+            unknown = sorted(set(text) - set(stoi))
+            if unknown:
+                raise UserError(f"characters {''.join(unknown)!r} are not in the model's vocabulary")
+            return [stoi[c] for c in text]
+        return encode, lambda ids: ''.join(itos[i] for i in ids)
+    enc = gpt2_encoding()
+    return (lambda text: enc.encode(text, allowed_special={'<|endoftext|>'})), enc.decode
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints

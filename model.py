@@ -68,6 +68,12 @@ def gamma_delta(coefficients):
     return c_I / c_P, c_P
 
 
+def in_corridor(gamma):
+    """The convex corridor is the open interval −1 < γ < 0: at γ = 0 a head is plain (scaled) attention, at
+    γ = −1 a pure (scaled) Laplacian, so neither boundary counts. The training log and analyze.py both use this."""
+    return (gamma > -1) & (gamma < 0)
+
+
 @dataclass
 class GPTConfig:
     block_size: int = 1024

@@ -18,3 +18,61 @@ if TIKTOKEN_CACHE.is_dir():
 needs_tokenizer = pytest.mark.skipif(not TIKTOKEN_CACHE.is_dir(),
                                      reason=f"GPT-2 BPE needs the offline tiktoken cache {TIKTOKEN_CACHE}")
 needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no local copy at {SHAKESPEARE}")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_script(script, *args, cwd, env=None):
+    """Run one of the repo's scripts as a user would; returns the CompletedProcess (text, not raising)."""
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=600)
+
+
+def assert_one_line_error(result, *fragments):
+    """A bad input: exit status 2, one `error: ...` line on stderr, no traceback."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith('error: '), result.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def synthetic_text(n_sentences=1500, seed=0):
+    """Deterministic pseudo-English with real structure (a small grammar), so a tiny model's loss can fall."""
+    import random
+    rng = random.Random(seed)
+    subjects = ['the cat', 'a dog', 'my friend', 'the old king', 'her brother', 'a bird']
+    verbs = ['sees', 'likes', 'follows', 'calls', 'finds', 'hears']
+    objects = ['the moon', 'a red ball', 'the river', 'his horse', 'the queen', 'a small boat']
+    return ''.join(f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}.\n"
+                   for _ in range(n_sentences))
+
+
+# a tiny model that trains in seconds on CPU; tests add --out_dir, --max_iters, ...
+TINY_TRAIN_ARGS = ['--dataset=tiny', '--device=cpu', '--compile=False', '--n_layer=2', '--n_head=2', '--n_embd=32',
+                   '--block_size=32', '--batch_size=8', '--gradient_accumulation_steps=1', '--learning_rate=3e-3',
+                   '--warmup_iters=5', '--min_lr=3e-4', '--eval_iters=5', '--log_interval=10']
+
+
+@pytest.fixture(scope='session')
+def tiny_data_root(tmp_path_factory):
+    """data_root with a char-level dataset 'tiny' made by prepare.py from synthetic text."""
+    root = tmp_path_factory.mktemp('data')
+    (root / 'tiny.txt').write_text(synthetic_text())
+    result = run_script('prepare.py', 'text', '--input', root / 'tiny.txt', '--tokenizer', 'char',
+                        '--data_root', root, cwd=root)
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+@pytest.fixture(scope='session')
+def trained_run(tiny_data_root, tmp_path_factory):
+    """A finished tiny corridor run (out_dir with ckpt.pt, log.jsonl, config.json)."""
+    out = tmp_path_factory.mktemp('run') / 'out'
+    result = run_script('train.py', *TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', f'--out_dir={out}',
+                        '--operator=corridor', '--init_spread=0.2', '--max_iters=60', '--lr_decay_iters=60',
+                        '--eval_interval=20', cwd=tiny_data_root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out

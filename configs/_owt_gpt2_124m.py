@@ -1,0 +1,28 @@
+# Base for the owt_gpt2_124m_*.py runs (not a run by itself): GPT-2 124M on OpenWebText on one GPU.
+# ~0.5M tokens per iteration (12 × 1024 × 40 through gradient accumulation); 10,000 iterations ≈ 4.9B tokens.
+# Prepare the data first: python prepare.py openwebtext
+# One GPU:        python train.py configs/owt_gpt2_124m_corridor.py
+# 8 GPUs:         torchrun --standalone --nproc_per_node=8 train.py configs/owt_gpt2_124m_corridor.py
+dataset = 'openwebtext'
+compile = True
+
+n_layer = 12
+n_head = 12
+n_embd = 768
+block_size = 1024
+dropout = 0.0
+bias = False
+batch_size = 12
+gradient_accumulation_steps = 40
+
+learning_rate = 6e-4
+max_iters = 10000
+lr_decay_iters = 10000
+min_lr = 6e-5
+warmup_iters = 500
+weight_decay = 1e-1
+
+eval_interval = 500
+eval_iters = 100
+log_interval = 10
+snapshot_interval = 2500   # ckpt_*.pt for analyze.py's γ/δ evolution

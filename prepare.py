@@ -1,0 +1,245 @@
+"""
+Turn a corpus into what train.py reads: DATA_ROOT/NAME/{train.bin, val.bin} (uint16 token ids) + meta.json.
+
+    python prepare.py shakespeare_char                  # Tiny Shakespeare, one token per character (vocab 65)
+    python prepare.py shakespeare                       # Tiny Shakespeare, GPT-2 BPE
+    python prepare.py openwebtext                       # OpenWebText, GPT-2 BPE (~9B tokens, ~17 GB)
+    python prepare.py text --input notes/ --name notes  # your own .txt / .jsonl files, char or GPT-2 BPE
+
+--input PATH uses a local copy instead of downloading (a machine without network). The output folder
+appears in one rename at the end: an interrupted run leaves at most a NAME.partial folder, never files that
+look complete, and an earlier complete NAME folder stays until the new one replaces it.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from common import UserError, gpt2_encoding, main_guard
+
+SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
+# OpenWebText on the Hugging Face hub. datasets >= 4 no longer runs loading scripts, which the original repo
+# is; its automatic parquet export is script-free. Tried in order, each checked against the known size.
+OPENWEBTEXT_SOURCES = [('Skylion007/openwebtext', 'refs/convert/parquet'), ('Skylion007/openwebtext', None)]
+OPENWEBTEXT_DOCUMENTS = 8_013_769
+GPT2_EOT = 50256
+
+
+@contextmanager
+def atomic_output_dir(final):
+    """Yield a scratch folder that becomes `final` in one rename, only if the block completes."""
+    final = Path(final)
+    partial = final.with_name(final.name + '.partial')
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        yield partial
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    old = final.with_name(final.name + '.old')
+    if final.exists():
+        os.replace(final, old)
+    os.replace(partial, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_meta(out, **meta):
+    (out / 'meta.json').write_text(json.dumps(meta, indent=1) + '\n')
+
+
+def check_uint16(vocab_size):
+    if vocab_size > 65536:
+        raise UserError(f"vocabulary of {vocab_size} does not fit the uint16 token files")
+
+
+def download_text(url, input_path):
+    if input_path:
+        return Path(input_path).read_text(encoding='utf-8')
+    print(f"downloading {url}")
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.read().decode('utf-8')
+    except OSError as e:
+        raise UserError(f"could not download {url} ({e}); pass a local copy with --input PATH") from None
+
+
+# ---------------------------------------------------------------------------------------------- small corpora
+
+def char_tokenizer(text):
+    itos = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(itos)}
+    return itos, lambda s: [stoi[c] for c in s]
+
+
+def write_small(out, train_ids, val_ids, source, tokenizer, vocab_size, itos=None):
+    check_uint16(vocab_size)
+    np.array(train_ids, dtype=np.uint16).tofile(out / 'train.bin')
+    np.array(val_ids, dtype=np.uint16).tofile(out / 'val.bin')
+    meta = dict(tokenizer=tokenizer, vocab_size=vocab_size, train_tokens=len(train_ids), val_tokens=len(val_ids),
+                source=source, dtype='uint16')
+    if itos is not None:
+        meta['itos'] = itos
+    if tokenizer == 'gpt2':
+        meta['eot_token'] = GPT2_EOT
+    write_meta(out, **meta)
+
+
+def prepare_shakespeare(out, args, char_level):
+    """nanoGPT's split: the first 90% of the characters train, the rest validate."""
+    text = download_text(SHAKESPEARE_URL, args.input)
+    source = args.input or SHAKESPEARE_URL
+    split = int(len(text) * 0.9)
+    if char_level:
+        itos, encode = char_tokenizer(text)
+        write_small(out, encode(text[:split]), encode(text[split:]), source, 'char', len(itos), itos)
+    else:
+        enc = gpt2_encoding()
+        write_small(out, enc.encode_ordinary(text[:split]), enc.encode_ordinary(text[split:]), source, 'gpt2',
+                    enc.n_vocab)
+
+
+def read_documents(input_path, text_field):
+    """Every .txt file is a document; every line of a .jsonl file is one (its text_field)."""
+    root = Path(input_path)
+    files = sorted(p for p in root.rglob('*') if p.suffix in ('.txt', '.jsonl')) if root.is_dir() else [root]
+    if not files:
+        raise UserError(f"no .txt or .jsonl files under {root}")
+    documents = []
+    for path in files:
+        if path.suffix == '.jsonl':
+            for n, line in enumerate(path.read_text(encoding='utf-8').splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    documents.append(json.loads(line)[text_field])
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise UserError(f"{path}:{n}: not a JSON object with a {text_field!r} field") from None
+        else:
+            documents.append(path.read_text(encoding='utf-8'))
+    return documents
+
+
+def prepare_text(out, args):
+    """Your own files: documents concatenated in order (GPT-2 BPE: an end-of-text token after each), the last
+    val_fraction of the tokens validate."""
+    documents = read_documents(args.input, args.text_field)
+    if args.tokenizer == 'char':
+        itos, encode = char_tokenizer(''.join(documents))
+        ids = [i for doc in documents for i in encode(doc)]
+        vocab_size = len(itos)
+    else:
+        enc, itos = gpt2_encoding(), None
+        ids = [i for doc in tqdm(documents, desc='tokenizing', unit='doc') for i in enc.encode_ordinary(doc) + [GPT2_EOT]]
+        vocab_size = enc.n_vocab
+    split = int(len(ids) * (1 - args.val_fraction))
+    write_small(out, ids[:split], ids[split:], str(args.input), args.tokenizer, vocab_size, itos)
+
+
+# ---------------------------------------------------------------------------------------------- OpenWebText
+
+def load_openwebtext(input_path, num_proc):
+    """(dataset with a 'text' column, source description). --input: local parquet / jsonl / txt files."""
+    from datasets import load_dataset
+    if input_path:
+        files = sorted(str(p) for p in Path(input_path).rglob('*.parquet')) if Path(input_path).is_dir() \
+            else [str(input_path)]
+        if not files or not Path(files[0]).exists():
+            raise UserError(f"--input {input_path}: no parquet files found")
+        fmt = {'.parquet': 'parquet', '.jsonl': 'json', '.json': 'json', '.txt': 'text'}.get(Path(files[0]).suffix)
+        if fmt is None:
+            raise UserError(f"--input {input_path}: expected .parquet, .jsonl or .txt files")
+        dataset = load_dataset(fmt, data_files=files, split='train', num_proc=num_proc)
+        print(f"source: local {fmt} files under {input_path} ({len(dataset):,} documents)")
+        return dataset, f"local:{input_path}"
+    tried = []
+    for repo, revision in OPENWEBTEXT_SOURCES:
+        name = f"{repo}@{revision or 'main'}"
+        try:
+            dataset = load_dataset(repo, revision=revision, split='train', num_proc=num_proc)
+        except (ConnectionError, TimeoutError) as e:
+            raise UserError(f"cannot reach the Hugging Face hub for {name} ({type(e).__name__}); download the "
+                            f"parquet files elsewhere and pass --input DIR") from None
+        except Exception as e:  # a missing revision, a loading script datasets refuses, an offline cache miss...
+            tried.append(f"{name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+            continue
+        if len(dataset) == OPENWEBTEXT_DOCUMENTS:
+            print(f"source: {name} ({len(dataset):,} documents, as expected)")
+            return dataset, name
+        tried.append(f"{name}: {len(dataset):,} documents, expected {OPENWEBTEXT_DOCUMENTS:,} (partial export?)")
+    raise UserError("no complete OpenWebText source: " + '; '.join(tried) + ". Pass local parquet files with --input DIR")
+
+
+def prepare_openwebtext(out, args):
+    dataset, source = load_openwebtext(args.input, args.num_proc)
+    split = dataset.train_test_split(test_size=0.0005, seed=2357, shuffle=True)  # nanoGPT's split
+    split['val'] = split.pop('test')
+    enc = gpt2_encoding()
+
+    def tokenize(batch):
+        ids = [enc.encode_ordinary(text) + [GPT2_EOT] for text in batch['text']]
+        return {'ids': ids, 'len': [len(x) for x in ids]}
+
+    counts = {}
+    for name, part in split.items():
+        tokenized = part.map(tokenize, batched=True, remove_columns=part.column_names, num_proc=args.num_proc,
+                             desc=f"tokenizing {name}")
+        total = int(np.sum(tokenized['len'], dtype=np.uint64))
+        counts[name] = total
+        tokens = np.memmap(out / f'{name}.bin', dtype=np.uint16, mode='w+', shape=(total,))
+        # stream shard by shard: memory stays at one shard, never the corpus
+        n_shards, position = min(1024, len(tokenized)), 0
+        for i in tqdm(range(n_shards), desc=f"writing {name}.bin"):
+            shard = tokenized.shard(num_shards=n_shards, index=i, contiguous=True).with_format('numpy')
+            ids = np.concatenate(list(shard['ids'])) if len(shard) else np.zeros(0, np.uint16)
+            tokens[position:position + len(ids)] = ids
+            position += len(ids)
+        tokens.flush()
+        del tokens
+    write_meta(out, tokenizer='gpt2', vocab_size=enc.n_vocab, eot_token=GPT2_EOT, train_tokens=counts['train'],
+               val_tokens=counts['val'], documents=len(dataset), source=source, dtype='uint16')
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('dataset', choices=['shakespeare_char', 'shakespeare', 'openwebtext', 'text'])
+    parser.add_argument('--input', help='a local copy (file or folder) instead of the download')
+    parser.add_argument('--data_root', default='data', help='prepared data goes to DATA_ROOT/NAME (default: data)')
+    parser.add_argument('--name', help='the folder name under data_root (default: the dataset, or for text the '
+                                       'input file stem)')
+    parser.add_argument('--tokenizer', choices=['char', 'gpt2'], default='gpt2', help='text: tokenizer')
+    parser.add_argument('--text_field', default='text', help='text, .jsonl: the field holding each document')
+    parser.add_argument('--val_fraction', type=float, default=0.1, help='text: fraction of tokens that validate')
+    parser.add_argument('--num_proc', type=int, default=min(8, os.cpu_count() or 1),
+                        help='openwebtext: worker processes')
+    args = parser.parse_args()
+    if args.dataset == 'text' and not args.input:
+        raise UserError("the text dataset needs --input FILE_OR_FOLDER")
+    if not 0 < args.val_fraction < 1:
+        raise UserError(f"--val_fraction must be in (0, 1), got {args.val_fraction}")
+    if args.input and not Path(args.input).exists():
+        raise UserError(f"--input {args.input} does not exist")
+    name = args.name or (Path(args.input).stem if args.dataset == 'text' else args.dataset)
+    final = Path(args.data_root) / name
+    with atomic_output_dir(final) as out:
+        if args.dataset in ('shakespeare_char', 'shakespeare'):
+            prepare_shakespeare(out, args, char_level=args.dataset == 'shakespeare_char')
+        elif args.dataset == 'text':
+            prepare_text(out, args)
+        else:
+            prepare_openwebtext(out, args)
+    meta = json.loads((final / 'meta.json').read_text())
+    print(f"wrote {final}: " + ', '.join(f"{k}={v}" for k, v in meta.items() if k != 'itos'))
+
+
+if __name__ == '__main__':
+    main_guard(main)

@@ -1,0 +1,91 @@
+"""
+Sample from a trained run (or from OpenAI's GPT-2).
+
+    python sample.py --out_dir=out-shakespeare-char-corridor
+    python sample.py --out_dir=out-owt-124m-corridor --start="The convex corridor" --num_samples=3
+    python sample.py --init_from=gpt2 --start=FILE:prompt.txt
+
+Keys as in train.py: a config file and/or --key=value.
+"""
+
+import os
+import sys
+from contextlib import nullcontext
+
+import torch
+
+from common import (UserError, gpt2_encoding, load_checkpoint, main_guard, model_from_checkpoint, parse_config,
+                    tokenizer_from_meta)
+from model import GPT
+
+DEFAULTS = dict(
+    init_from='resume',   # 'resume': out_dir/ckpt.pt; or a GPT-2 name: 'gpt2', 'gpt2-medium', ...
+    out_dir='out',
+    start='\n',           # the prompt, or FILE:path to read it from a file
+    num_samples=10,
+    max_new_tokens=500,
+    temperature=0.8,      # 1.0: the model's distribution; lower is more conservative; 0: greedy
+    top_k=200,            # sample among the k likeliest tokens only (None: all)
+    seed=1337,
+    use_cache=True,       # KV cache: the same tokens as recomputing every position, faster
+    device='cuda' if torch.cuda.is_available() else 'cpu',
+    dtype='auto',         # 'auto': bfloat16 on a GPU that has it, else float32
+)
+
+
+def main(argv):
+    cfg = parse_config(DEFAULTS, argv)
+    if cfg['init_from'] == 'resume':
+        if not os.path.isdir(cfg['out_dir']):
+            raise UserError(f"no run folder {cfg['out_dir']!r} (set --out_dir to a folder train.py wrote)")
+        ckpt = load_checkpoint(os.path.join(cfg['out_dir'], 'ckpt.pt'))
+        model = model_from_checkpoint(ckpt)
+        encode, decode = tokenizer_from_meta(ckpt['meta'])
+    elif cfg['init_from'].startswith('gpt2'):
+        try:
+            model = GPT.from_pretrained(cfg['init_from'])
+        except RuntimeError as e:
+            raise UserError(str(e)) from None
+        enc = gpt2_encoding()
+        encode, decode = (lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})), enc.decode
+    else:
+        raise UserError(f"init_from must be 'resume' or a GPT-2 name like 'gpt2', got {cfg['init_from']!r}")
+    for key in ('num_samples', 'max_new_tokens'):
+        if cfg[key] < 1:
+            raise UserError(f"{key} must be at least 1, got {cfg[key]}")
+    if cfg['temperature'] < 0:
+        raise UserError(f"temperature must be >= 0, got {cfg['temperature']}")
+
+    start = cfg['start']
+    if start.startswith('FILE:'):
+        path = start[len('FILE:'):]
+        if not os.path.isfile(path):
+            raise UserError(f"prompt file {path!r} not found")
+        with open(path, encoding='utf-8') as f:
+            start = f.read()
+    start_ids = encode(start)
+    if not start_ids:
+        raise UserError("the prompt is empty: give at least one token with --start")
+
+    device = cfg['device']
+    device_type = 'cuda' if device.startswith('cuda') else 'cpu'
+    if device_type == 'cuda' and not torch.cuda.is_available():
+        raise UserError(f"device={device!r} but CUDA is not available here (use --device=cpu)")
+    dtype = cfg['dtype']
+    if dtype == 'auto':
+        dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+    autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
+    model.eval().to(device)
+    generator = torch.Generator(device=device).manual_seed(cfg['seed'])
+
+    x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, :]
+    with torch.no_grad(), autocast:
+        for _ in range(cfg['num_samples']):
+            y = model.generate(x, cfg['max_new_tokens'], temperature=cfg['temperature'], top_k=cfg['top_k'],
+                               use_cache=cfg['use_cache'], generator=generator)
+            print(decode(y[0].tolist()))
+            print('---------------')
+
+
+if __name__ == '__main__':
+    main_guard(lambda: main(sys.argv[1:]))

@@ -1,0 +1,142 @@
+"""prepare.py: token files, meta.json, splits, atomic output, one-line errors."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+import prepare
+from common import tokenizer_from_meta
+from conftest import (SHAKESPEARE, assert_one_line_error, needs_shakespeare, needs_tokenizer, run_script,
+                      synthetic_text)
+
+
+def read_prepared(folder):
+    meta = json.loads((folder / 'meta.json').read_text())
+    train = np.fromfile(folder / 'train.bin', dtype=np.uint16)
+    val = np.fromfile(folder / 'val.bin', dtype=np.uint16)
+    return meta, train, val
+
+
+def test_text_char_level_round_trips_with_a_90_10_split(tmp_path):
+    text = synthetic_text(200)
+    (tmp_path / 'story.txt').write_text(text)
+    result = run_script('prepare.py', 'text', '--input', tmp_path / 'story.txt', '--tokenizer', 'char',
+                        '--data_root', tmp_path / 'data', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    meta, train, val = read_prepared(tmp_path / 'data' / 'story')
+    assert meta['tokenizer'] == 'char' and meta['vocab_size'] == len(set(text)) == len(meta['itos'])
+    assert (meta['train_tokens'], meta['val_tokens']) == (len(train), len(val))
+    assert len(train) == int(len(text) * 0.9) and len(train) + len(val) == len(text)
+    encode, decode = tokenizer_from_meta(meta)
+    assert decode(train.tolist()) + decode(val.tolist()) == text
+    assert encode(text[:50]) == train[:50].tolist()
+
+
+@needs_tokenizer
+def test_text_gpt2_jsonl_puts_an_end_of_text_token_after_each_document(tmp_path):
+    docs = ['First document.', 'Second one, a bit longer.', 'Third.']
+    (tmp_path / 'docs.jsonl').write_text(''.join(json.dumps({'body': d}) + '\n' for d in docs))
+    result = run_script('prepare.py', 'text', '--input', tmp_path / 'docs.jsonl', '--text_field', 'body',
+                        '--val_fraction', '0.2', '--data_root', tmp_path / 'data', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    meta, train, val = read_prepared(tmp_path / 'data' / 'docs')
+    assert meta['tokenizer'] == 'gpt2' and meta['vocab_size'] == 50257
+    ids = train.tolist() + val.tolist()
+    assert ids.count(50256) == 3 and ids[-1] == 50256
+    _, decode = tokenizer_from_meta(meta)
+    assert decode(ids) == '<|endoftext|>'.join(docs) + '<|endoftext|>'
+
+
+@needs_shakespeare
+def test_shakespeare_char_from_a_local_copy_matches_nanogpt_counts(tmp_path):
+    result = run_script('prepare.py', 'shakespeare_char', '--input', SHAKESPEARE, '--data_root', tmp_path, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    meta, train, val = read_prepared(tmp_path / 'shakespeare_char')
+    assert (meta['vocab_size'], len(train), len(val)) == (65, 1_003_854, 111_540)
+    _, decode = tokenizer_from_meta(meta)
+    assert decode(train[:14].tolist()) == 'First Citizen:'
+
+
+@needs_shakespeare
+@needs_tokenizer
+def test_shakespeare_bpe_matches_nanogpt_counts(tmp_path):
+    result = run_script('prepare.py', 'shakespeare', '--input', SHAKESPEARE, '--data_root', tmp_path, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    meta, train, val = read_prepared(tmp_path / 'shakespeare')
+    assert (meta['vocab_size'], len(train), len(val)) == (50257, 301_966, 36_059)
+
+
+@needs_tokenizer
+def test_openwebtext_pipeline_on_local_parquet(tmp_path):
+    """The real OpenWebText code path (datasets, split, batched BPE, sharded memmap writes) on a small local
+    parquet file standing in for the hub download."""
+    pa = pytest.importorskip('pyarrow')
+    import pyarrow.parquet as pq
+    import tiktoken
+    docs = [f"Document number {i}: " + synthetic_text(3, seed=i) for i in range(4000)]
+    pq.write_table(pa.table({'text': docs}), tmp_path / 'owt.parquet')
+    result = run_script('prepare.py', 'openwebtext', '--input', tmp_path / 'owt.parquet', '--num_proc', '1',
+                        '--data_root', tmp_path / 'data', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert 'source: local parquet' in result.stdout
+    meta, train, val = read_prepared(tmp_path / 'data' / 'openwebtext')
+    assert meta['documents'] == 4000 and meta['source'].startswith('local:')
+    enc = tiktoken.get_encoding('gpt2')
+    expected = sum(len(enc.encode_ordinary(d)) + 1 for d in docs)
+    assert len(train) + len(val) == expected
+    assert list(train).count(50256) == 3998 and list(val).count(50256) == 2  # 0.0005 of 4000 documents
+    text = enc.decode(val.tolist())
+    assert all(piece[len('Document number '):].split(':')[0].isdigit()
+               for piece in text.split('<|endoftext|>')[:-1])
+
+
+def test_an_interrupted_prepare_leaves_no_complete_looking_output(tmp_path, monkeypatch):
+    (tmp_path / 'a.txt').write_text(synthetic_text(100))
+    argv = ['prepare.py', 'text', '--input', str(tmp_path / 'a.txt'), '--tokenizer', 'char',
+            '--data_root', str(tmp_path / 'data'), '--name', 'corpus']
+    monkeypatch.setattr(sys, 'argv', argv)
+    prepare.main()  # a complete earlier output
+    before = {p.name: p.read_bytes() for p in (tmp_path / 'data' / 'corpus').iterdir()}
+
+    def crash(*args, **kwargs):  # dies after train.bin and val.bin were written, before meta.json
+        raise KeyboardInterrupt
+    monkeypatch.setattr(prepare, 'write_meta', crash)
+    (tmp_path / 'a.txt').write_text(synthetic_text(300, seed=5))
+    with pytest.raises(KeyboardInterrupt):
+        prepare.main()
+    assert sorted(p.name for p in (tmp_path / 'data').iterdir()) == ['corpus']  # no partial folder left behind
+    assert {p.name: p.read_bytes() for p in (tmp_path / 'data' / 'corpus').iterdir()} == before
+
+    monkeypatch.setattr(sys, 'argv', [*argv[:-1], 'fresh'])
+    with pytest.raises(KeyboardInterrupt):
+        prepare.main()
+    assert not (tmp_path / 'data' / 'fresh').exists()
+
+
+@pytest.mark.parametrize('args,message', [
+    (['text'], 'needs --input'),
+    (['text', '--input', 'nowhere.txt'], '--input nowhere.txt does not exist'),
+    (['shakespeare_char', '--input', 'nowhere.txt'], '--input nowhere.txt does not exist'),
+    (['text', '--input', 'x.txt', '--val_fraction', '1.5'], '--val_fraction must be in (0, 1)'),
+])
+def test_bad_input_is_one_line(tmp_path, args, message):
+    assert_one_line_error(run_script('prepare.py', *args, cwd=tmp_path), message)
+    assert not (tmp_path / 'data').exists()
+
+
+def test_unreachable_download_points_to_input(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(prepare, 'SHAKESPEARE_URL', 'http://127.0.0.1:9/input.txt')  # nothing listens there
+    monkeypatch.setattr(sys, 'argv', ['prepare.py', 'shakespeare_char', '--data_root', str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_:
+        prepare.main_guard(prepare.main)
+    assert exit_.value.code == 2
+    assert 'pass a local copy with --input PATH' in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_jsonl_without_the_text_field_is_one_line(tmp_path):
+    (tmp_path / 'd.jsonl').write_text('{"body": "x"}\n')
+    assert_one_line_error(run_script('prepare.py', 'text', '--input', tmp_path / 'd.jsonl', '--tokenizer', 'char',
+                                     cwd=tmp_path), "d.jsonl:1: not a JSON object with a 'text' field")

@@ -1,0 +1,48 @@
+"""sample.py: the requested number of tokens, deterministic under a seed, one-line errors."""
+
+from conftest import assert_one_line_error, run_script
+
+SEPARATOR = '---------------'
+
+
+def samples(result):
+    assert result.returncode == 0, result.stderr[-2000:]
+    parts = result.stdout.split(SEPARATOR + '\n')
+    assert parts[-1] == ''
+    return [p[:-1] for p in parts[:-1]]  # each sample is followed by a newline, then the separator
+
+
+def test_prints_the_requested_number_of_tokens_deterministically(trained_run, tmp_path):
+    args = [f'--out_dir={trained_run}', '--start=the cat', '--num_samples=3', '--max_new_tokens=37', '--device=cpu']
+    first = samples(run_script('sample.py', *args, '--seed=1', cwd=tmp_path))
+    assert len(first) == 3
+    for text in first:  # character-level: one token, one character
+        assert text.startswith('the cat') and len(text) == len('the cat') + 37
+    assert samples(run_script('sample.py', *args, '--seed=1', cwd=tmp_path)) == first
+    assert samples(run_script('sample.py', *args, '--seed=2', cwd=tmp_path)) != first
+    uncached = samples(run_script('sample.py', *args, '--seed=1', '--use_cache=False', cwd=tmp_path))
+    assert uncached == first  # the KV cache changes nothing but the speed
+
+
+def test_prompt_from_a_file(trained_run, tmp_path):
+    (tmp_path / 'prompt.txt').write_text('a dog sees')
+    out = samples(run_script('sample.py', f'--out_dir={trained_run}', '--start=FILE:prompt.txt', '--num_samples=1',
+                             '--max_new_tokens=5', '--temperature=0', '--device=cpu', cwd=tmp_path))
+    assert len(out) == 1 and out[0].startswith('a dog sees') and len(out[0]) == len('a dog sees') + 5
+
+
+def test_bad_input_is_one_line(trained_run, tmp_path):
+    def sample(*args):
+        return run_script('sample.py', '--device=cpu', *args, cwd=tmp_path)
+    assert_one_line_error(sample('--out_dir=nowhere'), "no run folder 'nowhere'")
+    assert_one_line_error(sample(f'--out_dir={trained_run}', '--start=Zebra!'), "not in the model's vocabulary")
+    assert_one_line_error(sample(f'--out_dir={trained_run}', '--start=FILE:missing.txt'), "prompt file")
+    assert_one_line_error(sample(f'--out_dir={trained_run}', '--max_new_tokens=0'), "max_new_tokens must be")
+    assert_one_line_error(sample(f'--out_dir={trained_run}', '--top_kk=5'), "(did you mean 'top_k'?)")
+    broken = tmp_path / 'broken'
+    broken.mkdir()
+    (broken / 'ckpt.pt').write_bytes((trained_run / 'ckpt.pt').read_bytes()[:1000])
+    assert_one_line_error(sample(f'--out_dir={broken}'), 'is not a readable checkpoint')
+    empty = tmp_path / 'empty'
+    empty.mkdir()
+    assert_one_line_error(sample(f'--out_dir={empty}'), 'no checkpoint at')
