@@ -327,6 +327,7 @@ class GPT(nn.Module):
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
     def _trunk(self, idx, cache=None, return_probs=False):
+        """Embeddings and blocks: (final hidden states [B, T, C], every layer's P when return_probs, else [])."""
         B, T = idx.size()
         start = len(cache) if cache is not None else 0
         if start + T > self.config.block_size:
@@ -339,14 +340,16 @@ class GPT(nn.Module):
             if return_probs:
                 x, p = x
                 probs.append(p)
+        return self.transformer.ln_f(x), probs
+
+    def _logits(self, x):
         # the matmul runs over the padded vocabulary (aligned, faster); the padding rows are not tokens, so the
         # logits are a view of the real ones: no probability and no gradient ever reaches the padding
-        logits = self.lm_head(self.transformer.ln_f(x))[..., :self.config.vocab_size]
-        return logits, probs
+        return self.lm_head(x)[..., :self.config.vocab_size]
 
     def forward(self, idx, targets=None):
         """idx [B, T] -> (logits [B, T, vocab_size], mean cross-entropy or None). Targets of -1 are ignored."""
-        logits, _ = self._trunk(idx)
+        logits = self._logits(self._trunk(idx)[0])
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
@@ -354,7 +357,12 @@ class GPT(nn.Module):
 
     def forward_with_probs(self, idx):
         """The math path: (logits, [P of every layer, each [B, n_head, T, T]])."""
-        return self._trunk(idx, return_probs=True)
+        x, probs = self._trunk(idx, return_probs=True)
+        return self._logits(x), probs
+
+    def attention_probs(self, idx):
+        """[P of every layer, each [B, n_head, T, T]], without computing logits (the math path)."""
+        return self._trunk(idx, return_probs=True)[1]
 
     def operator_coefficients(self):
         """(c_I, c_P) of every head, whatever the form: a float tensor [n_layer, n_head, 2], detached, on CPU."""
@@ -398,13 +406,13 @@ class GPT(nn.Module):
         for _ in range(max_new_tokens):
             context = idx[:, -self.config.block_size:]
             if not use_cache:
-                logits, _ = self._trunk(context)
+                x, _ = self._trunk(context)
             elif cache is None or len(cache) == self.config.block_size:
                 cache = KVCache(self.config.n_layer)
-                logits, _ = self._trunk(context, cache=cache)
+                x, _ = self._trunk(context, cache=cache)
             else:
-                logits, _ = self._trunk(idx[:, -1:], cache=cache)
-            logits = logits[:, -1, :]
+                x, _ = self._trunk(idx[:, -1:], cache=cache)
+            logits = self._logits(x[:, -1, :])
             if temperature == 0:
                 next_token = logits.argmax(dim=-1, keepdim=True)
             else:
