@@ -7,8 +7,8 @@ Plain attention is (c_I, c_P) = (0, 1). The convex corridor δ(γI + P) is (δγ
 scaled convex mix of attention P and the negative Laplacian P − I. `OPERATORS` below is the whole family.
 
 Two attention paths give the same numbers: the fast path calls F.scaled_dot_product_attention (flash /
-memory-efficient kernels, never a T×T matrix) and adds the c_I·V term in one fused epilogue; the math path
-builds P explicitly and can hand it back (`GPT.forward_with_probs`) for analysis.
+memory-efficient kernels, never a T×T matrix) and adds the c_I·V term in one epilogue (CorridorProjection);
+the math path builds P explicitly and can hand it back (`GPT.forward_with_probs`) for analysis.
 """
 
 import math
@@ -188,6 +188,39 @@ class OperatorCoefficients(nn.Module):
         return torch.as_tensor(c_I).expand(self.n_head), torch.as_tensor(c_P).expand(self.n_head)
 
 
+class CorridorProjection(torch.autograd.Function):
+    """c_proj(c_I·V + c_P·Y) for V, Y = P·V in the merged [B, T, n_head, head_size] layout and c [n_head, 1]:
+    the per-head operator out_h = c_I·V_h + c_P·(P_h V_h), then the output projection.
+
+    Why a Function: autograd would keep the merged sum for c_proj's backward, one more [B, T, C] activation per
+    layer than plain attention. SDPA keeps V and Y anyway, so the backward recomputes the sum from them (one
+    elementwise pass) and the corridor's activation memory equals attention's, eager and compiled."""
+
+    @staticmethod
+    def forward(ctx, v, y, c_I, c_P, weight, bias):
+        ctx.save_for_backward(v, y, c_I, c_P, weight)
+        ctx.has_bias = bias is not None
+        return F.linear((c_I * v + c_P * y).flatten(2), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        v, y, c_I, c_P, weight = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        # Recomputed, in the dtype autocast gave the output. Written in the other order than in forward on
+        # purpose: under torch.compile, common-subexpression elimination would otherwise merge the two, and
+        # Inductor's partitioner would go back to saving the sum (it won't recompute a value the backward
+        # materialises anyway)
+        merged = (c_P * y + c_I * v).flatten(2).to(grad.dtype)
+        grad_merged = (grad @ weight.to(grad.dtype)).view_as(v)
+        rows = grad.flatten(0, -2)
+        return (c_I * grad_merged if needs[0] else None,
+                c_P * grad_merged if needs[1] else None,
+                (grad_merged * v).sum((0, 1, 3)).view_as(c_I) if needs[2] else None,
+                (grad_merged * y).sum((0, 1, 3)).view_as(c_P) if needs[3] else None,
+                rows.T @ merged.flatten(0, -2) if needs[4] else None,
+                rows.sum(0) if ctx.has_bias and needs[5] else None)
+
+
 class LayerNorm(nn.Module):
     """LayerNorm with an optional bias (PyTorch's only offers both or neither before 2.1)."""
 
@@ -221,27 +254,31 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         v_self = v  # the identity term reads the values of the query positions only
+        # after a cached prefix, one new token attends to every position so far: no causal mask
+        causal = cache is None or cache.k is None
+        assert causal or T == 1, "after the first forward, a cached forward takes one token at a time"
         if cache is not None:
             k, v = cache.extend(k, v)
-        causal = T > 1  # one new token after a cached prefix attends to every cached position
         dropout_p = self.dropout if self.training else 0.0
         if return_probs:  # math path: P explicitly
             att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
             if causal:
-                mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril(k.size(2) - T)
+                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
                 att = att.masked_fill(~mask, float('-inf'))
             probs = F.softmax(att, dim=-1)
             pv = self.attn_dropout(probs) @ v
         else:  # fast path: flash / memory-efficient kernels
-            assert not (causal and k.size(2) != T), "a cached forward takes one token at a time"
             pv = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
-        if self.coefficients.is_plain_attention:
-            y = pv  # c_I = 0, c_P = 1: nothing to add, so plain attention pays nothing for the family
+        # heads are merged in the [B, T, n_head, head_size] layout that c_proj reads; SDPA writes its output that
+        # way already, so for plain attention the merge is a free view
+        if self.coefficients.is_plain_attention:  # c_I = 0, c_P = 1: plain attention pays nothing for the family
+            y = self.c_proj(pv.transpose(1, 2).reshape(B, T, C))
         else:
-            c_I, c_P = (c.to(pv.dtype).view(-1, 1, 1) for c in self.coefficients())
-            y = c_I * v_self + c_P * pv  # out_h = c_I·V_h + c_P·(P_h V_h), one fused epilogue under compile
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        y = self.resid_dropout(self.c_proj(y))
+            c_I, c_P = (c.to(pv.dtype).view(-1, 1) for c in self.coefficients())  # [n_head, 1]
+            # out_h = c_I·V_h + c_P·(P_h V_h), heads merged, then c_proj
+            y = CorridorProjection.apply(v_self.transpose(1, 2), pv.transpose(1, 2), c_I, c_P,
+                                         self.c_proj.weight, self.c_proj.bias)
+        y = self.resid_dropout(y)
         return (y, probs) if return_probs else y
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, OPERATORS, CausalSelfAttention, GPTConfig, gamma_delta
+from model import GPT, OPERATORS, CausalSelfAttention, CorridorProjection, GPTConfig, gamma_delta
 
 FORMS = list(OPERATORS)
 LEARNABLE = ['corridor', 'alpha', 'alpha_beta']
@@ -221,6 +221,44 @@ def test_operator_scalar_gradients_match_finite_differences(operator, extra):
                 down = model(idx, targets)[1].item()
                 p[h] += eps
                 assert g[h].item() == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-9)
+
+
+def test_corridor_projection_gradients_match_finite_differences():
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(2, 5, 3, 3, 4, dtype=torch.float64, generator=g)  # [B, T, q|k|v, H, hs]
+    v = qkv[:, :, 2].detach().requires_grad_()                           # a strided view, as in the model
+    y = torch.randn(2, 5, 3, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    c_I, c_P = (torch.randn(3, 1, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(2))
+    weight = torch.randn(6, 12, dtype=torch.float64, generator=g, requires_grad=True)
+    bias = torch.randn(6, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(CorridorProjection.apply, (v, y, c_I, c_P, weight, bias))
+    assert torch.autograd.gradcheck(CorridorProjection.apply, (v, y, c_I, c_P, weight, None))
+    expected = F.linear((c_I * v + c_P * y).flatten(2), weight, bias)
+    torch.testing.assert_close(CorridorProjection.apply(v, y, c_I, c_P, weight, bias), expected)
+
+
+def saved_activation_bytes(model, idx):
+    """Bytes autograd keeps for backward in one training step (deduplicated by storage)."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+    loss.backward()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize('compiled', [False, True])
+def test_corridor_keeps_no_more_activations_than_attention(compiled):
+    idx = tokens(B=2, T=16)
+    saved = {}
+    for operator in ('attention', 'corridor'):
+        model = build(operator=operator, gamma_init=-0.3) if operator == 'corridor' else build()
+        saved[operator] = saved_activation_bytes(torch.compile(model) if compiled else model, idx)
+    # the only extra: a few [n_head] float32 vectors of scalars (γ, δ, c_I, c_P) per layer, never an activation
+    assert saved['corridor'] - saved['attention'] <= 2 * 4 * (4 * 4)
 
 
 # ----------------------------------------------------------------------------------------- constraints, optimizer
