@@ -72,6 +72,7 @@ def occupancy_report(gamma, delta):
         layers.append(dict(layer=layer, gamma=g.tolist(), delta=d.tolist(),
                            occupancy=in_corridor(g).float().mean().item(),
                            below=int((g <= -1).sum()), above=int((g >= 0).sum()),
+                           # torch's median: the lower middle value for an even number of heads
                            gamma_mean=g.mean().item(), gamma_median=g.median().item(), delta_mean=d.mean().item()))
     return dict(layers=layers, occupancy=in_corridor(gamma).float().mean().item(),
                 occupancy_beyond_first=in_corridor(gamma[1:]).float().mean().item() if len(gamma) > 1 else None)

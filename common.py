@@ -33,9 +33,9 @@ def closest(name, candidates):
 
 # ---------------------------------------------------------------------------------------------- configurator
 
-def _checked(key, value, default):
+def _checked(key, value, default, optional):
     """value converted to the type of the default, or a UserError naming the key."""
-    if default is None:  # optional keys (e.g. top_k) take any value
+    if value is None and key in optional:
         return value
     if isinstance(default, bool):
         if isinstance(value, bool):
@@ -51,16 +51,16 @@ def _checked(key, value, default):
     raise UserError(f"{key} must be {type(default).__name__} like its default {default!r}, got {value!r}")
 
 
-def parse_config(defaults, argv):
+def parse_config(defaults, argv, optional=()):
     """nanoGPT's convention: arguments without '=' are Python config files of `key = value` lines, applied in
     order, then `--key=value` overrides. Returns a new dict with the same keys as defaults; unknown keys and
-    values of the wrong type are UserErrors."""
+    values of the wrong type are UserErrors. Keys in `optional` may also be None."""
     config = dict(defaults)
 
     def assign(key, value, where):
         if key not in defaults:
             raise UserError(f"unknown config key {key!r} in {where}{closest(key, defaults)}")
-        config[key] = _checked(key, value, defaults[key])
+        config[key] = _checked(key, value, defaults[key], optional)
 
     for arg in argv:
         if arg.startswith('--'):
@@ -69,8 +69,8 @@ def parse_config(defaults, argv):
                 raise UserError(f"expected --key=value, got {arg!r}")
             try:
                 value = ast.literal_eval(text)
-            except (ValueError, SyntaxError):
-                value = text  # a bare string: --operator=corridor
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                value = text  # a bare string (--operator=corridor); a wrong type is reported below
             assign(key, value, 'the command line')
         else:
             if not os.path.isfile(arg):

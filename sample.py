@@ -34,7 +34,7 @@ DEFAULTS = dict(
 
 
 def main(argv):
-    cfg = parse_config(DEFAULTS, argv)
+    cfg = parse_config(DEFAULTS, argv, optional=('top_k',))
     if cfg['init_from'] == 'resume':
         if not os.path.isdir(cfg['out_dir']):
             raise UserError(f"no run folder {cfg['out_dir']!r} (set --out_dir to a folder train.py wrote)")
@@ -55,6 +55,10 @@ def main(argv):
             raise UserError(f"{key} must be at least 1, got {cfg[key]}")
     if cfg['temperature'] < 0:
         raise UserError(f"temperature must be >= 0, got {cfg['temperature']}")
+    if cfg['top_k'] is not None and cfg['top_k'] < 1:
+        raise UserError(f"top_k must be at least 1 (or None for all tokens), got {cfg['top_k']}")
+    if cfg['dtype'] not in ('auto', 'float32', 'bfloat16', 'float16'):
+        raise UserError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")
 
     start = cfg['start']
     if start.startswith('FILE:'):

@@ -5,7 +5,8 @@ Train operator variants × seeds with identical data, token budget and hyperpara
     python sweep.py --variants=attention,corridor --seeds=2 --out_root=sweeps/quick -- --max_iters=200
 
 Each run is `train.py BASE <variant keys> --seed=S --out_dir=OUT_ROOT/<variant>-s<S>` plus whatever follows
-`--`. Finished runs are skipped and interrupted ones resumed, so the same command continues a sweep. The
+`--`. Finished runs (a checkpoint at their own max_iters) are skipped and interrupted ones resumed, so the same
+command continues a sweep; to change the budget or the base, start a new OUT_ROOT. The
 report (OUT_ROOT/report.md, report.json and plots) comes from analyze.py's run comparison. A run's own output
 goes to its out_dir/train.log.
 """
@@ -47,7 +48,10 @@ def run_state(out_dir):
     ckpt = os.path.join(out_dir, 'ckpt.pt')
     if not os.path.exists(ckpt):
         return 'new'
-    saved = torch.load(ckpt, map_location='cpu', weights_only=True, mmap=True)
+    try:
+        saved = torch.load(ckpt, map_location='cpu', weights_only=True, mmap=True)
+    except Exception:
+        raise UserError(f"{ckpt} is not a readable checkpoint; delete {out_dir} to train that run again") from None
     return 'done' if saved['iter_num'] >= saved['config']['max_iters'] else 'partial'
 
 

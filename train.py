@@ -121,6 +121,19 @@ def load_meta(cfg):
     return data_dir, meta
 
 
+def check_loop_config(cfg):
+    """The loop's numbers make sense (the model's own are checked by GPTConfig)."""
+    for key in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters',
+                'log_interval'):
+        if getattr(cfg, key) < 1:
+            raise UserError(f"{key} must be at least 1, got {getattr(cfg, key)}")
+    if cfg.max_iters < 0 or cfg.snapshot_interval < 0 or cfg.warmup_iters < 0:
+        raise UserError("max_iters, snapshot_interval and warmup_iters must be >= 0")
+    if cfg.decay_lr and cfg.lr_decay_iters <= cfg.warmup_iters:
+        raise UserError(f"lr_decay_iters={cfg.lr_decay_iters} must exceed warmup_iters={cfg.warmup_iters} "
+                        f"(or --decay_lr=False)")
+
+
 def get_lr(it, cfg):
     """Linear warmup for warmup_iters, cosine decay to min_lr at lr_decay_iters, then min_lr."""
     if not cfg.decay_lr:
@@ -142,6 +155,7 @@ def corridor_summary(coefficients):
 def main(argv):
     config, ckpt = resolve_config(argv)
     cfg = SimpleNamespace(**config)
+    check_loop_config(cfg)
     resumed = ckpt is not None
 
     # --- processes and devices -----------------------------------------------------------------------------
@@ -198,7 +212,10 @@ def main(argv):
 
     # --- model -------------------------------------------------------------------------------------------------
     if cfg.init_from in ('scratch', 'resume'):
-        model_args = ckpt['model_args'] if resumed else asdict(model_config({**vars(cfg), 'vocab_size': meta['vocab_size']}))
+        if resumed:  # the architecture stays; dropout and operator_lr_mult are training settings it may change
+            model_args = {**ckpt['model_args'], 'dropout': cfg.dropout, 'operator_lr_mult': cfg.operator_lr_mult}
+        else:
+            model_args = asdict(model_config({**vars(cfg), 'vocab_size': meta['vocab_size']}))
         model = GPT(GPTConfig(**model_args))
         if resumed:
             model.load_state_dict({k.removeprefix('_orig_mod.'): v for k, v in ckpt['model'].items()})
@@ -222,10 +239,15 @@ def main(argv):
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
     iter_num, tokens_seen, best_val_loss = 0, 0, float('inf')
     if resumed:
-        optimizer.load_state_dict(ckpt['optimizer'])
+        fresh = [dict(g) for g in optimizer.param_groups]
+        optimizer.load_state_dict(ckpt['optimizer'])  # restores the moments, and the old hyperparameters too:
+        for group, new in zip(optimizer.param_groups, fresh):  # a resumed run uses the ones configured now
+            group.update({k: new[k] for k in ('weight_decay', 'betas', 'lr_mult')})
         scaler.load_state_dict(ckpt['scaler'])
         iter_num, tokens_seen, best_val_loss = ckpt['iter_num'], ckpt['tokens_seen'], ckpt['best_val_loss']
         torch.set_rng_state(ckpt['rng']['torch'])
+        if rank > 0:  # only rank 0's RNG state is saved; the others reseed so their dropout masks stay distinct
+            torch.manual_seed(cfg.seed + rank + 7919 * iter_num)  # (so a DDP resume with dropout is not bit-exact)
         data_rng.set_state(ckpt['rng']['data'])
         if device_type == 'cuda' and ckpt['rng']['cuda'] is not None:
             torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
@@ -242,7 +264,7 @@ def main(argv):
 
     @torch.no_grad()
     def estimate_loss():
-        """Mean loss over eval_iters batches per split. The batches are the same at every evaluation and in
+        """Mean loss over eval_iters batches per split. The batches are the same at every evaluation, and in
         every run with the same seed and data, so curves and variants compare without sampling noise."""
         model.eval()
         out = {}
@@ -304,15 +326,16 @@ def main(argv):
                     rng=dict(torch=torch.get_rng_state(), data=data_rng.get_state(),
                              cuda=torch.cuda.get_rng_state(device) if device_type == 'cuda' else None))
 
-    # Ctrl-C / SIGTERM: finish this iteration, save, stop. Every process learns of it through the
-    # per-iteration all-reduce below, so they all stop at the same iteration.
-    stop_requested = False
+    # Ctrl-C / SIGTERM: finish this iteration, save, stop. The handler only records the signal; whether to
+    # stop is decided from the per-iteration all-reduce below, so every process stops at the same iteration and
+    # a signal that lands in the middle of that all-reduce is seen at the next one, never lost.
+    signal_seen, stop = False, False
 
     def request_stop(signum, frame):
-        nonlocal stop_requested
-        if stop_requested:
+        nonlocal signal_seen
+        if signal_seen:
             raise KeyboardInterrupt
-        stop_requested = True
+        signal_seen = True
         if master:
             tqdm.write("stopping after this iteration and saving a checkpoint (again to abort now)")
     signal.signal(signal.SIGINT, request_stop)
@@ -354,7 +377,7 @@ def main(argv):
                     save_checkpoint(checkpoint(), os.path.join(cfg.out_dir, f'ckpt_{iter_num:07d}.pt'))
         if iter_num >= cfg.max_iters:
             break
-        if stop_requested:
+        if stop:
             if master:
                 save_checkpoint(checkpoint(), ckpt_path)
                 tqdm.write(f"stopped at iter {iter_num}; continue with --init_from=resume --out_dir={cfg.out_dir}")
@@ -384,8 +407,8 @@ def main(argv):
         tokens_seen += tokens_per_iter
 
         # the loss averaged over processes, and whether any was asked to stop: one small all-reduce
-        shared = all_reduce_sum(torch.stack([loss_sum.float(), torch.tensor(float(stop_requested), device=device)]))
-        lossf, stop_requested = shared[0].item() / world, shared[1].item() > 0
+        shared = all_reduce_sum(torch.stack([loss_sum.float(), torch.tensor(float(signal_seen), device=device)]))
+        lossf, stop = shared[0].item() / world, shared[1].item() > 0
         if not math.isfinite(lossf):
             raise TrainingStopped(f"loss is {lossf} at iter {iter_num}; stopped, {ckpt_path} holds the last good "
                                   f"state (try a lower learning_rate, or bfloat16 instead of float16)")
@@ -395,7 +418,8 @@ def main(argv):
         if iter_num % cfg.log_interval == 0 and master:
             dt = (time.time() - t_last) / iters_since_log
             tokens_per_sec = tokens_per_iter / dt
-            mfu = f", mfu {raw_model.flops_per_token(cfg.block_size) * tokens_per_sec / peak:.1%}" if peak else ''
+            # MFU per device: each process computes 1/world of the tokens against one device's peak
+            mfu = f", mfu {raw_model.flops_per_token(cfg.block_size) * tokens_per_sec / world / peak:.1%}" if peak else ''
             occupancy, gamma_mean, delta_mean = corridor_summary(raw_model.operator_coefficients())
             tqdm.write(f"iter {iter_num}: loss {loss_since_log / iters_since_log:.4f}, lr {lr:.2e}, "
                        f"{tokens_per_sec:,.0f} tok/s{mfu}, {dt * 1000:.0f} ms/iter, "

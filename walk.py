@@ -105,6 +105,8 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
         c_I, c_P = (c.to(device, f64) for c in block.attn.coefficients())
         layers.append(dict(W_O=W_O, P=P, T2=T2, K=K, ia=ia, ib=ib, c=(c_I, c_P) if full_operator else (None, None)))
     ei, ej = causal_edges(T, drop_sink, device)
+    if len(ei) == 0:
+        raise ValueError(f"sequences of {T} token(s) without the sink column have no edges")
     sums = dict(a_eff_fro=torch.zeros(L, dtype=f64), drift=torch.zeros(max(L - 1, 0), dtype=f64),
                 delta_orth=torch.zeros(L, dtype=f64), gram_rel=torch.zeros(L, dtype=f64),
                 a_eff=torch.zeros(L, T, T, dtype=f64), C=torch.zeros(L, H, H, dtype=f64))
@@ -126,13 +128,14 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
                 sums['drift'][l - 1] += (1 - cos).sum().cpu()
             previous = edges
             w = A[:, :, ei, ej].permute(0, 2, 1).reshape(-1, H)  # [B·E, H]
-            w = w / w.abs().sum(1, keepdim=True)
+            total = w.abs().sum(1, keepdim=True)
+            w = torch.where(total > 0, w / total, 0.0)            # an edge no head walks (δ = 0) has no transport
             sums['C'][l] += (w.T @ w).cpu()
             trace = ((w @ layer['T2']) * w).sum(1)                # tr(G) per edge
             u = w[:, layer['ia']] * w[:, layer['ib']]
             fro2 = ((u @ layer['K']) * u).sum(1)                  # ‖G‖_F² per edge
             off2 = (fro2 - trace ** 2 / d).clamp(min=0)           # ‖G − μI‖_F², ≥ 0 up to rounding
-            ok = trace > 1e-12 * trace.abs().max()
+            ok = trace > 1e-12 * trace.max().clamp(min=1e-300)    # δ_orth is undefined where O_ij = 0
             sums['delta_orth'][l] += (off2[ok].sqrt() / (trace[ok] / math.sqrt(d))).sum().cpu()
             sums['gram_rel'][l] += (off2[ok].sqrt() / fro2[ok].sqrt()).sum().cpu()
             edge_count[l] += ok.sum().cpu()
@@ -156,9 +159,10 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
 
 
 def depth_regimes(values):
-    """Means over the initial (first 20 %), middle and final (last 20 %) layers."""
+    """Means over the initial (first 20 %), middle and final (last 20 %) layers, counted symmetrically from both
+    ends (12 layers: 0–2, 3–8, 9–11)."""
     L = len(values)
     groups = dict(initial=[v for l, v in enumerate(values) if l < 0.2 * L],
-                  middle=[v for l, v in enumerate(values) if 0.2 * L <= l < 0.8 * L],
-                  final=[v for l, v in enumerate(values) if l >= 0.8 * L])
+                  middle=[v for l, v in enumerate(values) if l >= 0.2 * L and L - 1 - l >= 0.2 * L],
+                  final=[v for l, v in enumerate(values) if L - 1 - l < 0.2 * L])
     return {k: sum(v) / len(v) if v else None for k, v in groups.items()}

@@ -237,6 +237,21 @@ def test_corridor_projection_gradients_match_finite_differences():
     torch.testing.assert_close(CorridorProjection.apply(v, y, c_I, c_P, weight, bias), expected)
 
 
+def test_corridor_trains_under_bf16_autocast_like_float32():
+    model = build(operator='corridor', gamma_init=-0.3, init_spread=0.2)
+    idx = tokens()
+    grads = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model.zero_grad()
+        with torch.autocast('cpu', dtype=dtype, enabled=dtype != torch.float32):
+            _, loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        grads[dtype] = [p.grad.clone() for p in model.parameters()]
+        assert all(g.dtype == torch.float32 for g in grads[dtype])  # gradients land in the parameters' dtype
+    for g32, g16 in zip(grads[torch.float32], grads[torch.bfloat16]):
+        assert (g16 - g32).norm() <= 0.05 * g32.norm() + 1e-6
+
+
 def saved_activation_bytes(model, idx):
     """Bytes autograd keeps for backward in one training step (deduplicated by storage)."""
     storages = {}

@@ -24,6 +24,12 @@ def test_prints_the_requested_number_of_tokens_deterministically(trained_run, tm
     assert uncached == first  # the KV cache changes nothing but the speed
 
 
+def test_top_k_none_samples_from_every_token(trained_run, tmp_path):
+    out = samples(run_script('sample.py', f'--out_dir={trained_run}', '--top_k=None', '--num_samples=1',
+                             '--max_new_tokens=9', '--device=cpu', cwd=tmp_path))
+    assert len(out[0]) == 1 + 9  # the default prompt is one newline
+
+
 def test_prompt_from_a_file(trained_run, tmp_path):
     (tmp_path / 'prompt.txt').write_text('a dog sees')
     out = samples(run_script('sample.py', f'--out_dir={trained_run}', '--start=FILE:prompt.txt', '--num_samples=1',
@@ -39,6 +45,8 @@ def test_bad_input_is_one_line(trained_run, tmp_path):
     assert_one_line_error(sample(f'--out_dir={trained_run}', '--start=FILE:missing.txt'), "prompt file")
     assert_one_line_error(sample(f'--out_dir={trained_run}', '--max_new_tokens=0'), "max_new_tokens must be")
     assert_one_line_error(sample(f'--out_dir={trained_run}', '--top_kk=5'), "(did you mean 'top_k'?)")
+    assert_one_line_error(sample(f'--out_dir={trained_run}', '--top_k=0'), "top_k must be at least 1")
+    assert_one_line_error(sample(f'--out_dir={trained_run}', '--dtype=float8'), "dtype must be")
     broken = tmp_path / 'broken'
     broken.mkdir()
     (broken / 'ckpt.pt').write_bytes((trained_run / 'ckpt.pt').read_bytes()[:1000])

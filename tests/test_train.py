@@ -84,6 +84,19 @@ def test_ctrl_c_saves_at_an_iteration_boundary_and_resume_matches_the_uninterrup
     assert read_log(stopped) == read_log(whole)
 
 
+def test_a_resumed_run_uses_the_optimizer_settings_configured_now(tiny_data_root, tmp_path):
+    out = tmp_path / 'out'
+    assert train(tiny_data_root, out, '--operator=corridor', '--max_iters=10', '--eval_interval=10',
+                 '--lr_decay_iters=40').returncode == 0
+    result = run_script('train.py', '--init_from=resume', f'--out_dir={out}', '--max_iters=20',
+                        '--operator_lr_mult=0.0', cwd=tiny_data_root)
+    assert result.returncode == 0, result.stderr[-2000:]
+    log = read_log(out)
+    assert log[1]['gamma'] != log[0]['gamma']  # learnt before the resume
+    assert log[2]['gamma'] == log[1]['gamma'] and log[2]['delta'] == log[1]['delta']  # frozen after it
+    assert log[2]['val_loss'] != log[1]['val_loss']  # while the rest of the model kept training
+
+
 def test_best_val_loss_only_goes_down(tiny_data_root, tmp_path):
     out = tmp_path / 'out'
     # a large constant learning rate makes the validation loss bounce
@@ -151,6 +164,9 @@ def finished_run(tiny_data_root, tmp_path):
     (['--block_size=100000'], "block_size=100000 needs more tokens than that"),
     (['--operator=alpha', '--gamma_nonneg=True'], "gamma_nonneg constrains the corridor"),
     (['--n_layer'], "expected --key=value"),
+    (['--warmup_iters=5', '--lr_decay_iters=5'], "lr_decay_iters=5 must exceed warmup_iters=5"),
+    (['--eval_interval=0'], "eval_interval must be at least 1"),
+    (['--n_layer={[1]: 2}'], "n_layer must be int"),  # not even a Python literal
 ])
 def test_bad_config_is_one_line_and_writes_nothing(tiny_data_root, tmp_path, args, message):
     result = train(tiny_data_root, tmp_path / 'out', '--max_iters=5', *args)

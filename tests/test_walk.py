@@ -150,5 +150,27 @@ def test_rows_of_the_walk_sum_to_one():
     assert (out['a_eff'].triu(1) == 0).all()  # causal
 
 
-def test_depth_regimes_split_layers_20_60_20():
+def test_depth_regimes_split_layers_20_60_20_symmetrically():
     assert depth_regimes(list(range(10))) == dict(initial=0.5, middle=4.5, final=8.5)
+    assert depth_regimes(list(range(12))) == dict(initial=1.0, middle=5.5, final=10.0)  # 0–2, 3–8, 9–11
+
+
+def test_head_weights_rebuild_the_attention_output():
+    """Independent of the diagnostics: Σ_h P_h · x W_V^h W_O^h is the attention module's output (no biases)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=1, n_head=3, n_embd=12, bias=False)).double()
+    attn = model.transformer.h[0].attn
+    x = torch.randn(2, 8, 12, dtype=torch.float64)
+    y, probs = attn(x, return_probs=True)
+    W_V, W_O = head_weights(attn)
+    rebuilt = sum(probs[:, h] @ x @ W_V[h] @ W_O[h] for h in range(3))
+    torch.testing.assert_close(y, rebuilt)
+
+
+def test_an_operator_with_no_walk_in_one_layer_leaves_the_others_defined():
+    model = tiny_model(n_layer=2, n_head=2, n_embd=8, operator='corridor')
+    with torch.no_grad():
+        model.transformer.h[0].attn.coefficients.delta.zero_()  # c_I = c_P = 0: no edge has a transport
+    out = connection_diagnostics(model, torch.randint(0, 30, (2, 5), generator=torch.Generator().manual_seed(7)),
+                                 full_operator=True)
+    assert math.isnan(out['delta_orth'][0]) and math.isfinite(out['delta_orth'][1]) and out['delta_orth'][1] > 0
