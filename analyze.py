@@ -100,7 +100,7 @@ def save(fig, path):
 
 def plot_occupancy(reports, path):
     """reports: {label: occupancy report}: grouped bars, one group per layer."""
-    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(next(iter(reports.values()))['layers'])), 3.6))
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(next(iter(reports.values()))['layers'])) + 1.6, 3.6))
     width = 0.8 / len(reports)
     for k, (label, report) in enumerate(reports.items()):
         layers = [r['layer'] for r in report['layers']]
@@ -111,7 +111,7 @@ def plot_occupancy(reports, path):
     ax.set_xlabel('layer')
     ax.set_ylabel('fraction of heads with −1 < γ < 0')
     ax.set_title('Corridor occupancy by layer')
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
     return save(fig, path)
 
 
@@ -135,7 +135,7 @@ def plot_gamma_delta(runs, path):
 
 def plot_evolution(log, path, title):
     """γ (top) and δ (bottom) of every head against tokens seen, one column per layer."""
-    tokens = [e['tokens'] for e in log]
+    tokens = [e['tokens'] / 1e6 for e in log]
     gamma = torch.tensor([e['gamma'] for e in log])  # [evals, layers, heads]
     delta = torch.tensor([e['delta'] for e in log])
     n_layer = gamma.shape[1]
@@ -147,7 +147,7 @@ def plot_evolution(log, path, title):
             top.plot(tokens, gamma[:, layer, head].tolist(), lw=1.2)
             bottom.plot(tokens, delta[:, layer, head].tolist(), lw=1.2)
         top.set_title(f'layer {layer}', fontsize=10)
-        bottom.set_xlabel('tokens seen')
+        bottom.set_xlabel('tokens seen (millions)')
     axes[0][0].set_ylabel('γ (shaded: the corridor)')
     axes[1][0].set_ylabel('δ')
     fig.suptitle(f'{title}: γ and δ of every head (one line per head)', fontsize=11)
@@ -158,8 +158,8 @@ def plot_losses(curves, path, title):
     """curves: {label: (tokens, losses)} overlaid."""
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for label, (tokens, losses) in curves.items():
-        ax.plot(tokens, losses, marker='.', label=label)
-    ax.set_xlabel('tokens seen')
+        ax.plot([t / 1e6 for t in tokens], losses, marker='.', label=label)
+    ax.set_xlabel('tokens seen (millions)')
     ax.set_ylabel('loss (nats per token)')
     ax.set_title(title)
     ax.legend(fontsize=8)
@@ -229,6 +229,32 @@ def paired_verdict(differences):
     return mean, std, 'inconclusive'
 
 
+def plot_sweep_losses(loaded, variants, seeds, path):
+    """Validation loss of every variant (mean over seeds) and, beside it, its difference to attention paired by
+    seed (mean ± std): the differences are far smaller than the curves' own fall."""
+    curves = {v: torch.tensor([[e['val_loss'] for e in loaded[(v, s)]['log']] for s in seeds]) for v in variants}
+    tokens = [e['tokens'] / 1e6 for e in loaded[(variants[0], seeds[0])]['log']]
+    skip = 1 if len(tokens) > 2 else 0  # the first evaluation (ln vocab) would flatten the rest of the curves
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for i, (v, c) in enumerate(curves.items()):
+        axes[0].plot(tokens[skip:], c.mean(0)[skip:].tolist(), marker='.', color=f'C{i}', label=v)
+        if 'attention' in curves and v != 'attention':
+            diff = c - curves['attention']
+            spread = diff.std(0) if len(seeds) > 1 else torch.zeros(len(tokens))
+            axes[1].errorbar(tokens[skip:], diff.mean(0)[skip:].tolist(), yerr=spread[skip:].tolist(), marker='.',
+                             capsize=2, color=f'C{i}', label=v)
+    axes[0].set_title(f'validation loss, mean of {len(seeds)} seeds', fontsize=10)
+    axes[0].set_ylabel('loss (nats per token)')
+    axes[1].axhline(0, color='black', lw=0.8)
+    axes[1].set_title('difference to attention, paired by seed (mean ± std)', fontsize=10)
+    axes[1].set_ylabel('Δ loss (nats per token)')
+    for ax in axes:
+        ax.set_xlabel('tokens seen (millions)')
+    axes[0].legend(fontsize=8)
+    axes[1].legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
+    return save(fig, path)
+
+
 def compare_sweep(runs, out_root):
     """runs: {(variant, seed): out_dir}. Writes OUT_ROOT/report.md, report.json and plots."""
     loaded = {key: load_run(out_dir) for key, out_dir in runs.items()}
@@ -289,12 +315,7 @@ def compare_sweep(runs, out_root):
     with open(os.path.join(out_root, 'report.md'), 'w') as f:
         f.write(text + '\n')
 
-    means = {v: [statistics.fmean(c) for c in zip(*[[e['val_loss'] for e in loaded[(v, s)]['log']] for s in seeds])]
-             for v in variants}
-    tokens = [e['tokens'] for e in loaded[(variants[0], seeds[0])]['log']]
-    skip = 1 if len(tokens) > 2 else 0  # the first evaluation (ln vocab) would flatten the rest of the curves
-    plot_losses({v: (tokens[skip:], m[skip:]) for v, m in means.items()}, os.path.join(out_root, 'val_loss.png'),
-                f'validation loss, mean of {len(seeds)} seeds')
+    plot_sweep_losses(loaded, variants, seeds, os.path.join(out_root, 'val_loss.png'))
     learnable = [v for v in variants if loaded[(v, seeds[0])]['config']['operator'] != 'attention']
     plot_occupancy({v: dict(layers=[dict(layer=i, occupancy=x) for i, x in enumerate(report['variants'][v]['occupancy_by_layer'])])
                     for v in learnable}, os.path.join(out_root, 'occupancy.png'))
