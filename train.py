@@ -246,11 +246,11 @@ def main(argv):
         scaler.load_state_dict(ckpt['scaler'])
         iter_num, tokens_seen, best_val_loss = ckpt['iter_num'], ckpt['tokens_seen'], ckpt['best_val_loss']
         torch.set_rng_state(ckpt['rng']['torch'])
+        if device_type == 'cuda' and ckpt['rng']['cuda'] is not None:
+            torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
         if rank > 0:  # only rank 0's RNG state is saved; the others reseed so their dropout masks stay distinct
             torch.manual_seed(cfg.seed + rank + 7919 * iter_num)  # (so a DDP resume with dropout is not bit-exact)
         data_rng.set_state(ckpt['rng']['data'])
-        if device_type == 'cuda' and ckpt['rng']['cuda'] is not None:
-            torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
     raw_model = model
     if cfg.compile:
         model = torch.compile(model)
@@ -303,9 +303,9 @@ def main(argv):
                         kept.append(line)
                 except (json.JSONDecodeError, KeyError):
                     pass  # a line torn by a crash
-        else:  # a fresh run: an old log or old snapshots would mix two runs
+        else:  # a fresh run (maybe --overwrite): an old checkpoint, log or snapshots would mix two runs
             for name in os.listdir(cfg.out_dir):
-                if name.startswith('ckpt_') and name.endswith('.pt'):
+                if name.startswith('ckpt') and name.endswith('.pt'):
                     os.remove(os.path.join(cfg.out_dir, name))
         with open(log_path + '.tmp', 'w') as f:
             f.writelines(kept)
@@ -346,7 +346,7 @@ def main(argv):
     peak = peak_flops(device, cfg.dtype)
     bar = tqdm(total=cfg.max_iters, initial=iter_num, disable=not master or not sys.stderr.isatty(),
                dynamic_ncols=True, unit='it')
-    t_last, iters_since_log, loss_since_log = time.time(), 0, 0.0
+    time_since_log, iters_since_log, loss_since_log = 0.0, 0, 0.0  # training steps only, evaluations excluded
     while True:
         lr = get_lr(iter_num, cfg)
         for group in optimizer.param_groups:
@@ -384,6 +384,7 @@ def main(argv):
             break
 
         # one optimizer step on the global batch, micro_steps micro-batches of it in this process
+        t0 = time.time()
         offsets = draw_offsets('train', cfg.gradient_accumulation_steps, data_rng)[rank * micro_steps:]
         loss_sum = torch.zeros((), device=device)
         x, y = get_batch('train', offsets[0])
@@ -408,7 +409,8 @@ def main(argv):
 
         # the loss averaged over processes, and whether any was asked to stop: one small all-reduce
         shared = all_reduce_sum(torch.stack([loss_sum.float(), torch.tensor(float(signal_seen), device=device)]))
-        lossf, stop = shared[0].item() / world, shared[1].item() > 0
+        lossf, stop = shared[0].item() / world, shared[1].item() > 0  # .item() waits for the device: t0 is fair
+        time_since_log += time.time() - t0
         if not math.isfinite(lossf):
             raise TrainingStopped(f"loss is {lossf} at iter {iter_num}; stopped, {ckpt_path} holds the last good "
                                   f"state (try a lower learning_rate, or bfloat16 instead of float16)")
@@ -416,7 +418,7 @@ def main(argv):
         iters_since_log += 1
         loss_since_log += lossf
         if iter_num % cfg.log_interval == 0 and master:
-            dt = (time.time() - t_last) / iters_since_log
+            dt = time_since_log / iters_since_log
             tokens_per_sec = tokens_per_iter / dt
             # MFU per device: each process computes 1/world of the tokens against one device's peak
             mfu = f", mfu {raw_model.flops_per_token(cfg.block_size) * tokens_per_sec / world / peak:.1%}" if peak else ''
@@ -424,7 +426,7 @@ def main(argv):
             tqdm.write(f"iter {iter_num}: loss {loss_since_log / iters_since_log:.4f}, lr {lr:.2e}, "
                        f"{tokens_per_sec:,.0f} tok/s{mfu}, {dt * 1000:.0f} ms/iter, "
                        f"corridor {occupancy:.0%} γ̄ {gamma_mean:+.3f} δ̄ {delta_mean:.3f}")
-            t_last, iters_since_log, loss_since_log = time.time(), 0, 0.0
+            time_since_log, iters_since_log, loss_since_log = 0.0, 0, 0.0
     bar.close()
     if ddp:
         dist.destroy_process_group()
