@@ -154,9 +154,10 @@ def load_checkpoint(path, map_location='cpu'):
     return ckpt
 
 
-def model_from_checkpoint(ckpt):
-    """The GPT a checkpoint holds (weights loaded, train mode)."""
-    model = GPT(GPTConfig(**ckpt['model_args']))
+def model_from_checkpoint(ckpt, **overrides):
+    """The GPT a checkpoint holds (weights loaded, train mode); overrides: GPTConfig keys that carry no weights
+    (dropout, operator_lr_mult)."""
+    model = GPT(GPTConfig(**{**ckpt['model_args'], **overrides}))
     state = {k.removeprefix('_orig_mod.'): v for k, v in ckpt['model'].items()}  # saved from a compiled model
     model.load_state_dict(state)
     return model

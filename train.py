@@ -27,8 +27,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from common import (UserError, load_checkpoint, main_guard, model_config, parse_config, peak_flops,
-                    save_checkpoint)
+from common import (UserError, load_checkpoint, main_guard, model_config, model_from_checkpoint, parse_config,
+                    peak_flops, save_checkpoint)
 from model import GPT, GPTConfig, gamma_delta, in_corridor
 
 OPERATOR_KEYS = ('operator', 'laplacian_heads', 'gamma_init', 'delta_init', 'init_spread', 'learn_gamma',
@@ -211,14 +211,10 @@ def main(argv):
     data_rng = torch.Generator().manual_seed(cfg.seed)
 
     # --- model -------------------------------------------------------------------------------------------------
-    if cfg.init_from in ('scratch', 'resume'):
-        if resumed:  # the architecture stays; dropout and operator_lr_mult are training settings it may change
-            model_args = {**ckpt['model_args'], 'dropout': cfg.dropout, 'operator_lr_mult': cfg.operator_lr_mult}
-        else:
-            model_args = asdict(model_config({**vars(cfg), 'vocab_size': meta['vocab_size']}))
-        model = GPT(GPTConfig(**model_args))
-        if resumed:
-            model.load_state_dict({k.removeprefix('_orig_mod.'): v for k, v in ckpt['model'].items()})
+    if resumed:  # the architecture stays; dropout and operator_lr_mult are training settings it may change
+        model = model_from_checkpoint(ckpt, dropout=cfg.dropout, operator_lr_mult=cfg.operator_lr_mult)
+    elif cfg.init_from == 'scratch':
+        model = GPT(model_config({**vars(cfg), 'vocab_size': meta['vocab_size']}))
     elif cfg.init_from.startswith('gpt2'):
         try:
             model = GPT.from_pretrained(cfg.init_from, dropout=cfg.dropout, **{k: config[k] for k in OPERATOR_KEYS})
