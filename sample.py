@@ -14,8 +14,7 @@ from contextlib import nullcontext
 
 import torch
 
-from common import (UserError, gpt2_encoding, load_checkpoint, main_guard, model_from_checkpoint, parse_config,
-                    tokenizer_from_meta)
+from common import UserError, load_checkpoint, main_guard, model_from_checkpoint, parse_config, tokenizer_from_meta
 from model import GPT
 
 DEFAULTS = dict(
@@ -46,8 +45,7 @@ def main(argv):
             model = GPT.from_pretrained(cfg['init_from'])
         except RuntimeError as e:
             raise UserError(str(e)) from None
-        enc = gpt2_encoding()
-        encode, decode = (lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})), enc.decode
+        encode, decode = tokenizer_from_meta({'tokenizer': 'gpt2'})
     else:
         raise UserError(f"init_from must be 'resume' or a GPT-2 name like 'gpt2', got {cfg['init_from']!r}")
     for key in ('num_samples', 'max_new_tokens'):

@@ -16,10 +16,9 @@ import subprocess
 import sys
 import time
 
-import torch
 from tqdm import tqdm
 
-from common import UserError, main_guard, parse_config
+from common import UserError, load_checkpoint, main_guard, parse_config
 
 # What each variant changes in the base config. Same seed, same data order and same initial weights
 # (the operator scalars aside) for every variant, so differences to attention pair up by seed.
@@ -48,10 +47,7 @@ def run_state(out_dir):
     ckpt = os.path.join(out_dir, 'ckpt.pt')
     if not os.path.exists(ckpt):
         return 'new'
-    try:
-        saved = torch.load(ckpt, map_location='cpu', weights_only=True, mmap=True)
-    except Exception:
-        raise UserError(f"{ckpt} is not a readable checkpoint; delete {out_dir} to train that run again") from None
+    saved = load_checkpoint(ckpt)
     return 'done' if saved['iter_num'] >= saved['config']['max_iters'] else 'partial'
 
 
@@ -69,7 +65,8 @@ def main(argv):
 
     runs = {(variant, seed): os.path.join(cfg['out_root'], f"{variant}-s{seed}")
             for seed in range(cfg['seeds']) for variant in variants}
-    todo = [(key, out_dir) for key, out_dir in runs.items() if run_state(out_dir) != 'done']
+    states = {key: run_state(out_dir) for key, out_dir in runs.items()}
+    todo = [(key, out_dir) for key, out_dir in runs.items() if states[key] != 'done']
     print(f"{len(runs)} runs in {cfg['out_root']}: {len(runs) - len(todo)} finished, {len(todo)} to train")
     threads = str(max(1, (os.cpu_count() or 1) // cfg['parallel']))
     running, failed = [], []
@@ -78,7 +75,7 @@ def main(argv):
             while todo and len(running) < cfg['parallel']:
                 (variant, seed), out_dir = todo.pop(0)
                 os.makedirs(out_dir, exist_ok=True)
-                if run_state(out_dir) == 'partial':
+                if states[(variant, seed)] == 'partial':
                     args = ['--init_from=resume', f'--out_dir={out_dir}']
                 else:  # new, or a folder left by a run that died before its first checkpoint
                     args = [cfg['base'], *(f'--{k}={v!r}' for k, v in VARIANTS[variant].items()), f'--seed={seed}',

@@ -45,7 +45,8 @@ def head_weights(attn):
 
 
 def transport_moments(W_V, W_O):
-    """T2 [H, H] with T2[a,b] = tr(M_aᵀ M_b), and T4 [H, H, H, H] with T4[a,b,c,d] = tr(M_aᵀ M_b M_cᵀ M_d)."""
+    """T2 [H, H] with T2[a,b] = tr(M_aᵀ M_b), T4 [H, H, H, H] with T4[a,b,c,d] = tr(M_aᵀ M_b M_cᵀ M_d), and the
+    value Grams P [H, H, d_h, d_h] they are built from (Ḡ needs them again)."""
     P = torch.einsum('aib,cid->acbd', W_V, W_V)  # P[a,c] = W_V^aᵀ W_V^c, [H, H, d_h, d_h]
     Q = torch.einsum('aib,cdb->acid', W_O, W_O)  # Q[a,c] = W_O^a W_O^cᵀ
     T2 = torch.einsum('abij,baji->ab', P, Q)
@@ -55,7 +56,7 @@ def transport_moments(W_V, W_O):
         R = torch.einsum('bij,bcjk->bcik', P[a], Q)         # R[b,c] = P_ab Q_bc
         S = torch.einsum('cdkl,dli->cdki', P, Q[:, a])      # S[c,d] = P_cd Q_da
         T4[a] = torch.einsum('bcik,cdki->bcd', R, S)
-    return T2, T4
+    return T2, T4, P
 
 
 def pair_form(T4):
@@ -99,9 +100,8 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
     layers = []
     for block in model.transformer.h:
         W_V, W_O = (w.to(f64) for w in head_weights(block.attn))
-        T2, T4 = transport_moments(W_V, W_O)
+        T2, T4, P = transport_moments(W_V, W_O)
         K, ia, ib = pair_form(T4)
-        P = torch.einsum('aib,cid->acbd', W_V, W_V)
         c_I, c_P = (c.to(device, f64) for c in block.attn.coefficients())
         layers.append(dict(W_O=W_O, P=P, T2=T2, K=K, ia=ia, ib=ib, c=(c_I, c_P) if full_operator else (None, None)))
     ei, ej = causal_edges(T, drop_sink, device)
