@@ -9,6 +9,10 @@ scaled convex mix of attention P and the negative Laplacian P − I. `OPERATORS`
 Two attention paths give the same numbers: the fast path calls F.scaled_dot_product_attention (flash /
 memory-efficient kernels, never a T×T matrix) and adds the c_I·V term in one epilogue (CorridorProjection);
 the math path builds P explicitly and can hand it back (`GPT.forward_with_probs`) for analysis.
+
+Read top to bottom: the config, the operator table, the attention that applies it, then GPT-2 as in nanoGPT.
+The machinery a first reading can skip (how the table's scalars become parameters, the γ ≥ 0 constraint, the
+fused epilogue, the KV cache, the config checks) sits together at the end of the file.
 """
 
 import math
@@ -19,59 +23,6 @@ import torch
 import torch.nn as nn
 import torch.nn.utils.parametrize as parametrize
 from torch.nn import functional as F
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The operator family. Each form names its two per-head scalars, how they start from the user-facing
-# (γ0, δ0) pair (so every form can start as plain attention, γ0 = 0, δ0 = 1), and how they give (c_I, c_P):
-#
-#   operator    per-head scalars   from (γ0, δ0)            c_I     c_P      γ = c_I/c_P    δ = c_P
-#   attention   –                  –                        0       1        0              1
-#   laplacian   γ, δ fixed         (−1, −1) on the last     δγ      δ        −1 (I − P)     −1
-#               laplacian_heads heads, (0, 1) elsewhere
-#   corridor    γ, δ               (γ0, δ0)                 δγ      δ        γ              δ
-#   alpha       α0, α1             (δ0γ0, δ0)               α0      α1       α0/α1          α1
-#   alpha_beta  α, β               (δ0(1+γ0), δ0γ0)         β       α − β    β/(α − β)      α − β
-#
-# A sixth form is one more entry. Which scalars learn, and constraints on them, are set on the parameters
-# themselves (OperatorCoefficients), never in forward().
-
-class OperatorForm(NamedTuple):
-    params: tuple[str, ...]  # names of the per-head scalars
-    fixed: bool              # True: the scalars are buffers, whatever learn_gamma / learn_delta say
-    init: Callable           # (gamma0 [n_head], delta0 [n_head], config) -> one tensor per scalar
-    coefficients: Callable   # (*scalars) -> (c_I, c_P)
-
-
-def _laplacian_init(gamma0, delta0, config):
-    # I − P = δ(γI + P) with γ = δ = −1; the other heads stay plain attention (γ, δ) = (0, 1)
-    is_laplacian = torch.arange(config.n_head) >= config.n_head - config.laplacian_heads
-    return torch.where(is_laplacian, -1.0, 0.0), torch.where(is_laplacian, -1.0, 1.0)
-
-
-OPERATORS = {
-    'attention':  OperatorForm((), True, lambda g, d, cfg: (), lambda: (0.0, 1.0)),
-    'laplacian':  OperatorForm(('gamma', 'delta'), True, _laplacian_init,
-                               lambda gamma, delta: (delta * gamma, delta)),
-    'corridor':   OperatorForm(('gamma', 'delta'), False, lambda g, d, cfg: (g, d),
-                               lambda gamma, delta: (delta * gamma, delta)),
-    'alpha':      OperatorForm(('alpha0', 'alpha1'), False, lambda g, d, cfg: (d * g, d),
-                               lambda alpha0, alpha1: (alpha0, alpha1)),
-    'alpha_beta': OperatorForm(('alpha', 'beta'), False, lambda g, d, cfg: (d * (1 + g), d * g),
-                               lambda alpha, beta: (beta, alpha - beta)),
-}
-
-
-def gamma_delta(coefficients):
-    """(γ, δ) from a [..., 2] tensor of (c_I, c_P): γ = c_I / c_P, δ = c_P."""
-    c_I, c_P = coefficients.unbind(-1)
-    return c_I / c_P, c_P
-
-
-def in_corridor(gamma):
-    """The convex corridor is the open interval −1 < γ < 0: at γ = 0 a head is plain (scaled) attention, at
-    γ = −1 a pure (scaled) Laplacian, so neither boundary counts. The training log and analyze.py both use this."""
-    return (gamma > -1) & (gamma < 0)
 
 
 @dataclass
@@ -95,142 +46,59 @@ class GPTConfig:
     operator_lr_mult: float = 1.0  # learning-rate multiplier for the operator scalars
 
     def __post_init__(self):
-        def need(ok, message):
-            if not ok:
-                raise ValueError(message)
-        for key in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd'):
-            need(getattr(self, key) > 0, f"{key} must be positive, got {getattr(self, key)}")
-        need(self.n_embd % self.n_head == 0,
-             f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        need(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
-        need(self.operator in OPERATORS,
-             f"unknown operator {self.operator!r} (choose from {', '.join(OPERATORS)})")
-        need(self.init_spread >= 0, f"init_spread must be >= 0, got {self.init_spread}")
-        need(self.operator_lr_mult >= 0, f"operator_lr_mult must be >= 0, got {self.operator_lr_mult}")
-        if self.operator == 'laplacian':
-            need(1 <= self.laplacian_heads <= self.n_head,
-                 f"laplacian_heads must be in [1, n_head={self.n_head}], got {self.laplacian_heads}")
-        if OPERATORS[self.operator].fixed:
-            changed = [key for key, default in (('gamma_init', 0.0), ('delta_init', 1.0), ('init_spread', 0.0),
-                                                ('learn_gamma', True), ('learn_delta', True),
-                                                ('gamma_nonneg', False))
-                       if getattr(self, key) != default]
-            need(not changed, f"{', '.join(changed)} only apply to a learnable operator "
-                              f"(corridor, alpha, alpha_beta), not operator={self.operator!r}")
-        if self.operator != 'corridor':
-            need(self.learn_gamma and self.learn_delta,
-                 f"learn_gamma/learn_delta=False fix the corridor's γ/δ: use operator='corridor' "
-                 f"(operator={self.operator!r} has no γ/δ scalars of its own)")
-            need(not self.gamma_nonneg, f"gamma_nonneg constrains the corridor's γ: use operator='corridor'")
-        if self.gamma_nonneg:
-            need(self.gamma_init - self.init_spread >= 0,
-                 f"gamma_nonneg needs gamma_init - init_spread >= 0, got {self.gamma_init} - {self.init_spread}")
+        check_config(self)  # an impossible combination fails here, not in the middle of a run
 
     @property
     def padded_vocab_size(self):
         return 64 * math.ceil(self.vocab_size / 64)
 
 
-class _ClampAtZero(torch.autograd.Function):
-    """max(raw, 0), whose gradient is blocked only where it would push an already-clamped value further down."""
+# ----------------------------------------------------------------------------------------------------------
+# The operator family: every form is out_h = c_I·V_h + c_P·(P_h V_h) with its own per-head (c_I, c_P).
+#
+#   operator    per-head scalars   from (γ0, δ0)            c_I     c_P      γ = c_I/c_P    δ = c_P
+#   attention   –                  –                        0       1        0              1
+#   laplacian   γ, δ fixed         (−1, −1) on the last     δγ      δ        −1 (I − P)     −1
+#               laplacian_heads heads, (0, 1) elsewhere
+#   corridor    γ, δ               (γ0, δ0)                 δγ      δ        γ              δ
+#   alpha       α0, α1             (δ0γ0, δ0)               α0      α1       α0/α1          α1
+#   alpha_beta  α, β               (δ0(1+γ0), δ0γ0)         β       α − β    β/(α − β)      α − β
+#
+# Every learnable form starts from the user-facing (γ0, δ0) = (gamma_init, delta_init), so by default every form
+# starts as plain attention. A sixth form is one more entry (README: "How to add an operator"). Which scalars
+# learn, and constraints on them (γ ≥ 0), are properties of the parameters (OperatorCoefficients), never
+# branches in forward().
 
-    @staticmethod
-    def forward(ctx, raw):
-        ctx.save_for_backward(raw)
-        return raw.clamp(min=0)
-
-    @staticmethod
-    def backward(ctx, grad):
-        raw, = ctx.saved_tensors
-        return torch.where((raw > 0) | (grad < 0), grad, torch.zeros_like(grad))  # descent moves raw by -grad
-
-
-class NonNegative(nn.Module):
-    """γ = max(raw, 0): the forward can never see γ < 0, however the optimizer moves raw.
-
-    Why not a plain clamp: its gradient is zero once raw < 0, so a γ that touches 0 would stay there for good.
-    Why not pass the gradient straight through: raw would keep sinking while the loss pushes γ down, and γ
-    could only leave 0 after raw climbed all the way back. Here the push further down is blocked and the pull
-    back up is not, so raw overshoots 0 only by what Adam's momentum carries (about 10 steps' worth)."""
-
-    def forward(self, raw):
-        return _ClampAtZero.apply(raw)
-
-    def right_inverse(self, gamma):
-        return gamma
+class OperatorForm(NamedTuple):
+    params: tuple          # names of the per-head scalars
+    learnable: bool        # False: the scalars are fixed buffers, whatever learn_gamma / learn_delta say
+    init: Callable         # (gamma0 [n_head], delta0 [n_head], config) -> one [n_head] tensor per scalar
+    coefficients: Callable  # (*scalars) -> (c_I, c_P)
 
 
-class OperatorCoefficients(nn.Module):
-    """One layer's per-head (c_I, c_P), computed from its form's scalars (see OPERATORS)."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.form = OPERATORS[config.operator]
-        self.n_head = config.n_head
-        gamma0 = config.gamma_init + config.init_spread * (2 * torch.rand(config.n_head) - 1)
-        delta0 = torch.full((config.n_head,), config.delta_init)
-        for name, value in zip(self.form.params, self.form.init(gamma0, delta0, config)):
-            value = value.float()
-            if not self.form.fixed and getattr(config, f'learn_{name}', True):
-                self.register_parameter(name, nn.Parameter(value))
-            else:
-                self.register_buffer(name, value)
-        if config.gamma_nonneg:
-            parametrize.register_parametrization(self, 'gamma', NonNegative())
-
-    @property
-    def is_plain_attention(self):
-        return not self.form.params
-
-    def forward(self):
-        """(c_I, c_P), each a [n_head] tensor."""
-        c_I, c_P = self.form.coefficients(*(getattr(self, name) for name in self.form.params))
-        return torch.as_tensor(c_I).expand(self.n_head), torch.as_tensor(c_P).expand(self.n_head)
+def laplacian_init(gamma0, delta0, config):
+    """I − P = δ(γI + P) with γ = δ = −1 on the last laplacian_heads heads; the others stay (0, 1), attention."""
+    is_laplacian = torch.arange(config.n_head) >= config.n_head - config.laplacian_heads
+    return torch.where(is_laplacian, -1.0, 0.0), torch.where(is_laplacian, -1.0, 1.0)
 
 
-class CorridorProjection(torch.autograd.Function):
-    """c_proj(c_I·V + c_P·Y) for V, Y = P·V in the merged [B, T, n_head, head_size] layout and c [n_head, 1]:
-    the per-head operator out_h = c_I·V_h + c_P·(P_h V_h), then the output projection.
-
-    Why a Function: autograd would keep the merged sum for c_proj's backward, one more [B, T, C] activation per
-    layer than plain attention. SDPA keeps V and Y anyway, so the backward recomputes the sum from them (one
-    elementwise pass) and the corridor's activation memory equals attention's, eager and compiled."""
-
-    @staticmethod
-    def forward(ctx, v, y, c_I, c_P, weight, bias):
-        ctx.save_for_backward(v, y, c_I, c_P, weight)
-        ctx.has_bias = bias is not None
-        return F.linear((c_I * v + c_P * y).flatten(2), weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad):
-        v, y, c_I, c_P, weight = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        # Recomputed, in the dtype autocast gave the output. Written in the other order than in forward on
-        # purpose: under torch.compile, common-subexpression elimination would otherwise merge the two, and
-        # Inductor's partitioner would go back to saving the sum (it won't recompute a value the backward
-        # materialises anyway)
-        merged = (c_P * y + c_I * v).flatten(2).to(grad.dtype)
-        grad_merged = (grad @ weight.to(grad.dtype)).view_as(v)
-        rows = grad.flatten(0, -2)
-        return (c_I * grad_merged if needs[0] else None,
-                c_P * grad_merged if needs[1] else None,
-                (grad_merged * v).sum((0, 1, 3)).view_as(c_I) if needs[2] else None,
-                (grad_merged * y).sum((0, 1, 3)).view_as(c_P) if needs[3] else None,
-                rows.T @ merged.flatten(0, -2) if needs[4] else None,
-                rows.sum(0) if ctx.has_bias and needs[5] else None)
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm with an optional bias (PyTorch's only offers both or neither before 2.1)."""
-
-    def __init__(self, ndim, bias):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-
-    def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+OPERATORS = {
+    'attention':  OperatorForm(params=(), learnable=False,
+                               init=lambda gamma0, delta0, config: (),
+                               coefficients=lambda: (0.0, 1.0)),
+    'laplacian':  OperatorForm(params=('gamma', 'delta'), learnable=False,
+                               init=laplacian_init,
+                               coefficients=lambda gamma, delta: (delta * gamma, delta)),
+    'corridor':   OperatorForm(params=('gamma', 'delta'), learnable=True,
+                               init=lambda gamma0, delta0, config: (gamma0, delta0),
+                               coefficients=lambda gamma, delta: (delta * gamma, delta)),
+    'alpha':      OperatorForm(params=('alpha0', 'alpha1'), learnable=True,
+                               init=lambda gamma0, delta0, config: (delta0 * gamma0, delta0),
+                               coefficients=lambda alpha0, alpha1: (alpha0, alpha1)),
+    'alpha_beta': OperatorForm(params=('alpha', 'beta'), learnable=True,
+                               init=lambda gamma0, delta0, config: (delta0 * (1 + gamma0), delta0 * gamma0),
+                               coefficients=lambda alpha, beta: (beta, alpha - beta)),
+}
 
 
 class CausalSelfAttention(nn.Module):
@@ -244,10 +112,10 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.coefficients = OperatorCoefficients(config)
+        self.coefficients = OperatorCoefficients(config)  # this layer's (c_I, c_P) per head, from OPERATORS
 
     def forward(self, x, cache=None, return_probs=False):
-        """x [B, T, C] -> y [B, T, C]; with return_probs, (y, P) with P [B, n_head, T, T] from the math path.
+        """x [B, T, C] -> (y [B, T, C], P [B, n_head, T, T] from the math path if return_probs, else None).
 
         cache: a KVCache layer slot for generation (keys/values of earlier positions)."""
         B, T, C = x.size()
@@ -259,7 +127,7 @@ class CausalSelfAttention(nn.Module):
         assert causal or T == 1, "after the first forward, a cached forward takes one token at a time"
         if cache is not None:
             k, v = cache.extend(k, v)
-        dropout_p = self.dropout if self.training else 0.0
+        probs = None
         if return_probs:  # math path: P explicitly
             att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
             if causal:
@@ -268,18 +136,30 @@ class CausalSelfAttention(nn.Module):
             probs = F.softmax(att, dim=-1)
             pv = self.attn_dropout(probs) @ v
         else:  # fast path: flash / memory-efficient kernels
-            pv = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
+            pv = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                                is_causal=causal)
         # heads are merged in the [B, T, n_head, head_size] layout that c_proj reads; SDPA writes its output that
         # way already, so for plain attention the merge is a free view
         if self.coefficients.is_plain_attention:  # c_I = 0, c_P = 1: plain attention pays nothing for the family
             y = self.c_proj(pv.transpose(1, 2).reshape(B, T, C))
         else:
             c_I, c_P = (c.to(pv.dtype).view(-1, 1) for c in self.coefficients())  # [n_head, 1]
-            # out_h = c_I·V_h + c_P·(P_h V_h), heads merged, then c_proj
+            # out_h = c_I·V_h + c_P·(P_h V_h), heads merged, then c_proj: one fused step, see CorridorProjection
             y = CorridorProjection.apply(v_self.transpose(1, 2), pv.transpose(1, 2), c_I, c_P,
                                          self.c_proj.weight, self.c_proj.bias)
-        y = self.resid_dropout(y)
-        return (y, probs) if return_probs else y
+        return self.resid_dropout(y), probs
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with an optional bias (PyTorch's only offers both or neither before 2.1)."""
+
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
 
 
 class MLP(nn.Module):
@@ -305,30 +185,11 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cache=None, return_probs=False):
-        a = self.attn(self.ln_1(x), cache=cache, return_probs=return_probs)
-        a, probs = a if return_probs else (a, None)
+        """(x after the block, the attention's P or None), as CausalSelfAttention."""
+        a, probs = self.attn(self.ln_1(x), cache=cache, return_probs=return_probs)
         x = x + a
         x = x + self.mlp(self.ln_2(x))
-        return (x, probs) if return_probs else x
-
-
-class KVCache:
-    """Keys and values of every layer for the positions generated so far."""
-
-    def __init__(self, n_layer):
-        self.layers = [KVCache.Layer() for _ in range(n_layer)]
-
-    def __len__(self):
-        return 0 if self.layers[0].k is None else self.layers[0].k.size(2)
-
-    class Layer:
-        def __init__(self):
-            self.k = self.v = None
-
-        def extend(self, k, v):
-            self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-            self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-            return self.k, self.v
+        return x, probs
 
 
 class GPT(nn.Module):
@@ -364,7 +225,7 @@ class GPT(nn.Module):
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
     def _trunk(self, idx, cache=None, return_probs=False):
-        """Embeddings and blocks: (final hidden states [B, T, C], every layer's P when return_probs, else [])."""
+        """Embeddings and blocks: (final hidden states [B, T, C], [every layer's P, or None on the fast path])."""
         B, T = idx.size()
         start = len(cache) if cache is not None else 0
         if start + T > self.config.block_size:
@@ -373,10 +234,8 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         probs = []
         for i, block in enumerate(self.transformer.h):
-            x = block(x, cache=cache.layers[i] if cache is not None else None, return_probs=return_probs)
-            if return_probs:
-                x, p = x
-                probs.append(p)
+            x, p = block(x, cache=cache.layers[i] if cache is not None else None, return_probs=return_probs)
+            probs.append(p)
         return self.transformer.ln_f(x), probs
 
     def _logits(self, x):
@@ -496,3 +355,165 @@ class GPT(nn.Module):
         missing = [k for k in ours if k not in copied and '.coefficients.' not in k and k != 'lm_head.weight']
         assert not missing, f"not in the GPT-2 checkpoint: {missing}"
         return model
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Reading the operator back: (γ, δ) of a head and the corridor test, used by the training log and analyze.py.
+
+def gamma_delta(coefficients):
+    """(γ, δ) from a [..., 2] tensor of (c_I, c_P): γ = c_I / c_P, δ = c_P."""
+    c_I, c_P = coefficients.unbind(-1)
+    return c_I / c_P, c_P
+
+
+def in_corridor(gamma):
+    """The convex corridor is the open interval −1 < γ < 0: at γ = 0 a head is plain (scaled) attention, at
+    γ = −1 a pure (scaled) Laplacian, so neither boundary counts."""
+    return (gamma > -1) & (gamma < 0)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Machinery a first reading can skip.
+
+class OperatorCoefficients(nn.Module):
+    """One layer's per-head (c_I, c_P), computed from its form's scalars (see OPERATORS). The scalars are
+    parameters, or buffers where they are fixed; the γ ≥ 0 constraint is a parametrization of γ itself."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.form = OPERATORS[config.operator]
+        self.n_head = config.n_head
+        gamma0 = config.gamma_init + config.init_spread * (2 * torch.rand(config.n_head) - 1)
+        delta0 = torch.full((config.n_head,), config.delta_init)
+        for name, value in zip(self.form.params, self.form.init(gamma0, delta0, config)):
+            value = torch.as_tensor(value, dtype=torch.float32).expand(config.n_head).clone()
+            if self.form.learnable and getattr(config, f'learn_{name}', True):
+                self.register_parameter(name, nn.Parameter(value))
+            else:
+                self.register_buffer(name, value)
+        if config.gamma_nonneg:
+            parametrize.register_parametrization(self, 'gamma', NonNegative())
+
+    @property
+    def is_plain_attention(self):
+        return not self.form.params
+
+    def forward(self):
+        """(c_I, c_P), each a [n_head] tensor."""
+        c_I, c_P = self.form.coefficients(*(getattr(self, name) for name in self.form.params))
+        return torch.as_tensor(c_I).expand(self.n_head), torch.as_tensor(c_P).expand(self.n_head)
+
+
+class NonNegative(nn.Module):
+    """γ = max(raw, 0): the forward can never see γ < 0, however the optimizer moves raw.
+
+    Why not a plain clamp: its gradient is zero once raw < 0, so a γ that touches 0 would stay there for good.
+    Why not pass the gradient straight through: raw would keep sinking while the loss pushes γ down, and γ
+    could only leave 0 after raw climbed all the way back. Here the push further down is blocked and the pull
+    back up is not, so raw overshoots 0 only by what Adam's momentum carries (about 10 steps' worth)."""
+
+    def forward(self, raw):
+        return _ClampAtZero.apply(raw)
+
+    def right_inverse(self, gamma):
+        return gamma
+
+
+class _ClampAtZero(torch.autograd.Function):
+    """max(raw, 0), whose gradient is blocked only where it would push an already-clamped value further down."""
+
+    @staticmethod
+    def forward(ctx, raw):
+        ctx.save_for_backward(raw)
+        return raw.clamp(min=0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raw, = ctx.saved_tensors
+        return torch.where((raw > 0) | (grad < 0), grad, torch.zeros_like(grad))  # descent moves raw by -grad
+
+
+class CorridorProjection(torch.autograd.Function):
+    """c_proj(c_I·V + c_P·Y) for V, Y = P·V in the merged [B, T, n_head, head_size] layout and c [n_head, 1]:
+    the per-head operator out_h = c_I·V_h + c_P·(P_h V_h), then the output projection.
+
+    Why a Function: autograd would keep the merged sum for c_proj's backward, one more [B, T, C] activation per
+    layer than plain attention. SDPA keeps V and Y anyway, so the backward recomputes the sum from them (one
+    elementwise pass) and the corridor's activation memory equals attention's, eager and compiled."""
+
+    @staticmethod
+    def forward(ctx, v, y, c_I, c_P, weight, bias):
+        ctx.save_for_backward(v, y, c_I, c_P, weight)
+        ctx.has_bias = bias is not None
+        return F.linear((c_I * v + c_P * y).flatten(2), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        v, y, c_I, c_P, weight = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        # Recomputed, in the dtype autocast gave the output. Written in the other order than in forward on
+        # purpose: under torch.compile, common-subexpression elimination would otherwise merge the two, and
+        # Inductor's partitioner would go back to saving the sum (it won't recompute a value the backward
+        # materialises anyway)
+        merged = (c_P * y + c_I * v).flatten(2).to(grad.dtype)
+        grad_merged = (grad @ weight.to(grad.dtype)).view_as(v)
+        rows = grad.flatten(0, -2)
+        return (c_I * grad_merged if needs[0] else None,
+                c_P * grad_merged if needs[1] else None,
+                (grad_merged * v).sum((0, 1, 3)).view_as(c_I) if needs[2] else None,
+                (grad_merged * y).sum((0, 1, 3)).view_as(c_P) if needs[3] else None,
+                rows.T @ merged.flatten(0, -2) if needs[4] else None,
+                rows.sum(0) if ctx.has_bias and needs[5] else None)
+
+
+class KVCache:
+    """Keys and values of every layer for the positions generated so far."""
+
+    def __init__(self, n_layer):
+        self.layers = [KVCache.Layer() for _ in range(n_layer)]
+
+    def __len__(self):
+        return 0 if self.layers[0].k is None else self.layers[0].k.size(2)
+
+    class Layer:
+        def __init__(self):
+            self.k = self.v = None
+
+        def extend(self, k, v):
+            self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+            self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+            return self.k, self.v
+
+
+def check_config(config):
+    """Raise ValueError for a config no model can have (unknown operator, keys that don't apply to it, ...)."""
+    def need(ok, message):
+        if not ok:
+            raise ValueError(message)
+    for key in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd'):
+        need(getattr(config, key) > 0, f"{key} must be positive, got {getattr(config, key)}")
+    need(config.n_embd % config.n_head == 0,
+         f"n_embd={config.n_embd} must be divisible by n_head={config.n_head}")
+    need(0.0 <= config.dropout < 1.0, f"dropout must be in [0, 1), got {config.dropout}")
+    need(config.operator in OPERATORS,
+         f"unknown operator {config.operator!r} (choose from {', '.join(OPERATORS)})")
+    need(config.init_spread >= 0, f"init_spread must be >= 0, got {config.init_spread}")
+    need(config.operator_lr_mult >= 0, f"operator_lr_mult must be >= 0, got {config.operator_lr_mult}")
+    if config.operator == 'laplacian':
+        need(1 <= config.laplacian_heads <= config.n_head,
+             f"laplacian_heads must be in [1, n_head={config.n_head}], got {config.laplacian_heads}")
+    if not OPERATORS[config.operator].learnable:
+        changed = [key for key, default in (('gamma_init', 0.0), ('delta_init', 1.0), ('init_spread', 0.0),
+                                            ('learn_gamma', True), ('learn_delta', True), ('gamma_nonneg', False))
+                   if getattr(config, key) != default]
+        learnable = ', '.join(name for name, form in OPERATORS.items() if form.learnable)
+        need(not changed, f"{', '.join(changed)} only apply to a learnable operator ({learnable}), "
+                          f"not operator={config.operator!r}")
+    if config.operator != 'corridor':
+        need(config.learn_gamma and config.learn_delta,
+             f"learn_gamma/learn_delta=False fix the corridor's γ/δ: use operator='corridor' "
+             f"(operator={config.operator!r} has no γ/δ scalars of its own)")
+        need(not config.gamma_nonneg, "gamma_nonneg constrains the corridor's γ: use operator='corridor'")
+    if config.gamma_nonneg:
+        need(config.gamma_init - config.init_spread >= 0,
+             f"gamma_nonneg needs gamma_init - init_spread >= 0, got {config.gamma_init} - {config.init_spread}")

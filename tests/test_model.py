@@ -77,7 +77,7 @@ def test_laplacian_heads_are_identity_minus_P():
     eye = torch.eye(10, dtype=torch.float64)
     per_head = [P[:, h] if h < 2 else eye - P[:, h] for h in range(4)]  # heads 2, 3 are the last two
     expected = merge_heads_and_project(attn, torch.stack([op @ v[:, h] for h, op in enumerate(per_head)], dim=1))
-    torch.testing.assert_close(attn(x), expected)                      # fast path
+    torch.testing.assert_close(attn(x)[0], expected)                   # fast path
     torch.testing.assert_close(attn(x, return_probs=True)[0], expected)  # math path
 
 
@@ -90,7 +90,7 @@ def test_operator_is_cI_V_plus_cP_PV_with_P_built_by_hand(operator):
     P, v = causal_softmax_by_hand(attn, x)
     c_I, c_P = (c.view(1, -1, 1, 1) for c in attn.coefficients())
     expected = merge_heads_and_project(attn, c_I * v + c_P * (P @ v))
-    torch.testing.assert_close(attn(x), expected)
+    torch.testing.assert_close(attn(x)[0], expected)
     y, probs = attn(x, return_probs=True)
     torch.testing.assert_close(y, expected)
     torch.testing.assert_close(probs, P)

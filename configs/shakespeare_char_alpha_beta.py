@@ -1,5 +1,0 @@
-# αP + β(I − P) with both learnt per head (the same family as the corridor, another parameterisation).
-from configs._shakespeare_char import *
-
-out_dir = 'out-shakespeare-char-alpha-beta'
-operator = 'alpha_beta'
