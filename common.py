@@ -51,13 +51,16 @@ def _checked(key, value, default, optional):
     raise UserError(f"{key} must be {type(default).__name__} like its default {default!r}, got {value!r}")
 
 
-def parse_config(defaults, argv, optional=()):
+def parse_config(defaults, argv, optional=(), hints=None):
     """nanoGPT's convention: arguments without '=' are Python config files of `key = value` lines, applied in
     order, then `--key=value` overrides. Returns a new dict with the same keys as defaults; unknown keys and
-    values of the wrong type are UserErrors. Keys in `optional` may also be None."""
+    values of the wrong type are UserErrors. Keys in `optional` may also be None; `hints` maps keys a user may
+    expect (but that this script doesn't take) to the message that says why."""
     config = dict(defaults)
 
     def assign(key, value, where):
+        if key in (hints or {}):
+            raise UserError(f"{hints[key]} ({where})")
         if key not in defaults:
             raise UserError(f"unknown config key {key!r} in {where}{closest(key, defaults)}")
         config[key] = _checked(key, value, defaults[key], optional)
@@ -161,6 +164,30 @@ def model_from_checkpoint(ckpt, **overrides):
     state = {k.removeprefix('_orig_mod.'): v for k, v in ckpt['model'].items()}  # saved from a compiled model
     model.load_state_dict(state)
     return model
+
+
+GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
+
+
+def is_gpt2(source):
+    """A GPT-2 name, or a local folder saved by `transformers` (config.json, no ckpt.pt)."""
+    return source in GPT2_NAMES or (os.path.isfile(os.path.join(source, 'config.json'))
+                                    and not os.path.isfile(os.path.join(source, 'ckpt.pt')))
+
+
+def load_model(source, **overrides):
+    """(model, meta) from a run folder (its ckpt.pt) or from OpenAI's GPT-2 (a name or a local transformers
+    folder); meta names the tokenizer as a dataset's meta.json does. overrides: GPTConfig keys that carry no
+    weights (dropout and, for GPT-2, the operator keys)."""
+    if is_gpt2(source):
+        try:
+            return GPT.from_pretrained(source, **overrides), dict(tokenizer='gpt2', vocab_size=50257)
+        except (RuntimeError, ValueError) as e:
+            raise UserError(str(e)) from None
+    if not os.path.isdir(source):
+        raise UserError(f"no run folder {source!r} (a folder train.py wrote, or a GPT-2 name: {', '.join(GPT2_NAMES)})")
+    ckpt = load_checkpoint(os.path.join(source, 'ckpt.pt'))
+    return model_from_checkpoint(ckpt, **overrides), ckpt['meta']
 
 
 # ---------------------------------------------------------------------------------------------- MFU

@@ -14,11 +14,10 @@ from contextlib import nullcontext
 
 import torch
 
-from common import UserError, load_checkpoint, main_guard, model_from_checkpoint, parse_config, tokenizer_from_meta
-from model import GPT
+from common import UserError, load_model, main_guard, parse_config, tokenizer_from_meta
 
 DEFAULTS = dict(
-    init_from='resume',   # 'resume': out_dir/ckpt.pt; or a GPT-2 name: 'gpt2', 'gpt2-medium', ...
+    init_from='resume',   # 'resume': out_dir/ckpt.pt; or a GPT-2 name ('gpt2', 'gpt2-medium', ...) or local folder
     out_dir='out',
     start='\n',           # the prompt, or FILE:path to read it from a file
     num_samples=10,
@@ -34,20 +33,8 @@ DEFAULTS = dict(
 
 def main(argv):
     cfg = parse_config(DEFAULTS, argv, optional=('top_k',))
-    if cfg['init_from'] == 'resume':
-        if not os.path.isdir(cfg['out_dir']):
-            raise UserError(f"no run folder {cfg['out_dir']!r} (set --out_dir to a folder train.py wrote)")
-        ckpt = load_checkpoint(os.path.join(cfg['out_dir'], 'ckpt.pt'))
-        model = model_from_checkpoint(ckpt)
-        encode, decode = tokenizer_from_meta(ckpt['meta'])
-    elif cfg['init_from'].startswith('gpt2'):
-        try:
-            model = GPT.from_pretrained(cfg['init_from'])
-        except RuntimeError as e:
-            raise UserError(str(e)) from None
-        encode, decode = tokenizer_from_meta({'tokenizer': 'gpt2'})
-    else:
-        raise UserError(f"init_from must be 'resume' or a GPT-2 name like 'gpt2', got {cfg['init_from']!r}")
+    model, meta = load_model(cfg['out_dir'] if cfg['init_from'] == 'resume' else cfg['init_from'])
+    encode, decode = tokenizer_from_meta(meta)
     for key in ('num_samples', 'max_new_tokens'):
         if cfg[key] < 1:
             raise UserError(f"{key} must be at least 1, got {cfg[key]}")

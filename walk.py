@@ -28,10 +28,17 @@ result is exact to rounding, except that ‖G − μI‖² = ‖G‖² − tr(G)
 ~1e-8 reads as ~1e-8.
 """
 
+import argparse
+import json
 import math
+import os
+import statistics
+import sys
 
 import torch
 from tqdm import tqdm
+
+from common import GPT2_NAMES, UserError, is_gpt2, load_model, main_guard, tokenizer_from_meta
 
 
 def head_weights(attn):
@@ -84,14 +91,19 @@ def causal_edges(T, drop_sink, device):
     return i[keep], j[keep]
 
 
+PER_LAYER = ('a_eff_fro', 'drift', 'delta_orth', 'delta_orth_trace', 'gram_rel', 'gram_diag_mean', 'gram_offdiag_mean')
+
+
 @torch.no_grad()
 def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, batch_size=None, progress=False):
     """Per-layer connection-walk diagnostics of `model` on token sequences idx [N, T] (see the module docstring).
 
     full_operator: walk weights c_I·I + c_P·P of the operator instead of the attention probabilities alone.
-    Returns a dict of per-layer lists: a_eff_fro [L], drift [L−1], delta_orth [L], gram_rel [L],
-    gram_diag_mean [L], gram_offdiag_mean [L]; and tensors a_eff [L, T, T] (mean over sequences) and gram
-    [L, d, d] (Ḡ) for plots."""
+    Returns a dict of per-layer lists (PER_LAYER): a_eff_fro [L], drift [L−1], delta_orth [L], delta_orth_trace
+    [L] (the same per edge, normalised by tr G instead of ‖μI‖_F: δ_orth / √d), gram_rel [L], gram_diag_mean [L],
+    gram_offdiag_mean [L]; and tensors a_eff [L, T, T] (mean over sequences) and gram [L, d, d] (Ḡ) for plots.
+    The model is left in the mode it was in."""
+    was_training = model.training
     model.eval()
     N, T = idx.shape
     L, H, d = model.config.n_layer, model.config.n_head, model.config.n_embd
@@ -141,7 +153,9 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
             edge_count[l] += ok.sum().cpu()
     n_edges = N * len(ei)
     out = dict(a_eff_fro=(sums['a_eff_fro'] / N).tolist(), drift=(sums['drift'] / N).tolist(),
-               delta_orth=(sums['delta_orth'] / edge_count).tolist(), gram_rel=(sums['gram_rel'] / edge_count).tolist())
+               delta_orth=(sums['delta_orth'] / edge_count).tolist(),
+               delta_orth_trace=(sums['delta_orth'] / edge_count / math.sqrt(d)).tolist(),
+               gram_rel=(sums['gram_rel'] / edge_count).tolist())
     grams = []
     for l, layer in enumerate(layers):
         C = (sums['C'][l] / n_edges).to(device)  # mean over edges of w wᵀ
@@ -155,6 +169,7 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
     out['gram_offdiag_mean'] = ((gram.abs().sum((1, 2)) - diag.sum(1)) / (d * d - d)).tolist()
     out['a_eff'] = (sums['a_eff'] / N).float()
     out['gram'] = gram.float()
+    model.train(was_training)
     return out
 
 
@@ -166,3 +181,165 @@ def depth_regimes(values):
                   middle=[v for l, v in enumerate(values) if l >= 0.2 * L and L - 1 - l >= 0.2 * L],
                   final=[v for l, v in enumerate(values) if L - 1 - l < 0.2 * L])
     return {k: sum(v) / len(v) if v else None for k, v in groups.items()}
+
+
+# ---------------------------------------------------------------------------------------------- command line
+
+def load_source(source):
+    """(name, model, encode) for a run folder, a GPT-2 name, or a local transformers GPT-2 folder."""
+    model, meta = load_model(source)
+    return os.path.basename(os.path.normpath(source)), model, tokenizer_from_meta(meta)[0]
+
+
+def read_text(path):
+    """The text to walk over: a file, or by default the WikiText-2 test split through `datasets`."""
+    if path:
+        if not os.path.isfile(path):
+            raise UserError(f"--text {path!r} not found")
+        with open(path, encoding='utf-8') as f:
+            return f.read()
+    try:
+        from datasets import load_dataset
+        return ''.join(load_dataset('wikitext', 'wikitext-2-raw-v1', split='test')['text'])
+    except Exception as e:
+        raise UserError(f"cannot load WikiText-2 through datasets ({type(e).__name__}); pass a text file with "
+                        f"--text (e.g. wiki.test.raw)") from None
+
+
+def token_sequences(ids, n_seqs, seq_len):
+    """Up to n_seqs consecutive, non-overlapping sequences of seq_len tokens, [N, T]."""
+    n = min(n_seqs, len(ids) // seq_len)
+    if n < 1:
+        raise UserError(f"the text has {len(ids)} tokens, fewer than one sequence of {seq_len}")
+    return torch.tensor(ids[:n * seq_len], dtype=torch.long).view(n, seq_len)
+
+
+def plot_walk_layers(results, path):
+    """Per-layer curves of every model (and part) on shared axes."""
+    from analyze import plt, save  # the plotting setup lives in analyze.py
+    panels = [('drift', 'drift 1 − cos(A_eff^ℓ, A_eff^ℓ+1)'), ('a_eff_fro', '‖A_eff‖_F'),
+              ('delta_orth', 'δ_orth (0: scaled isometry)'), ('gram_rel', '‖G − μI‖_F / ‖G‖_F')]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    for ax, (key, title) in zip(axes, panels):
+        for label, r in results.items():
+            values = r[key]
+            x = [l + 0.5 for l in range(len(values))] if key == 'drift' else list(range(len(values)))
+            ax.plot(x, values, marker='.', label=label)
+        ax.set_xlabel('layer (drift: between ℓ and ℓ+1)')
+        ax.set_title(title, fontsize=10)
+    axes[0].legend(fontsize=7)
+    fig.suptitle('Connection-walk diagnostics by layer', fontsize=11)
+    return save(fig, path)
+
+
+def plot_heatmap(matrix, path, title, xlabel, ylabel, first_column=0):
+    from analyze import plt, save  # the plotting setup lives in analyze.py
+    fig, ax = plt.subplots(figsize=(5, 4.2))
+    image = ax.imshow(matrix.numpy(), cmap='viridis', aspect='auto',
+                      extent=(first_column - 0.5, first_column + matrix.shape[1] - 0.5, matrix.shape[0] - 0.5, -0.5))
+    fig.colorbar(image, ax=ax)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    return save(fig, path)
+
+
+def plot_context_sweep(sweeps, path):
+    """sweeps: {label: {length: result}}: layer-averaged drift and δ_orth against context length."""
+    from analyze import plt, save  # the plotting setup lives in analyze.py
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    for ax, (key, title) in zip(axes, [('drift', 'mean drift'), ('a_eff_fro', 'mean ‖A_eff‖_F'),
+                                       ('delta_orth', 'mean δ_orth')]):
+        for label, by_length in sweeps.items():
+            lengths = sorted(by_length)
+            ax.plot(lengths, [statistics.fmean(by_length[n][key]) for n in lengths], marker='o', label=label)
+        ax.set_xscale('log', base=2)
+        ax.set_xlabel('context length T (tokens)')
+        ax.set_title(title, fontsize=10)
+    axes[0].legend(fontsize=7)
+    fig.suptitle('Connection-walk diagnostics against context length (mean over layers)', fontsize=11)
+    return save(fig, path)
+
+
+def run_diagnostics(args):
+    out = args.out
+    os.makedirs(out, exist_ok=True)
+    device = args.device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    for source in args.sources:  # fail on a bad name before any slow loading
+        if not is_gpt2(source) and not os.path.isfile(os.path.join(source, 'ckpt.pt')):
+            raise UserError(f"{source!r} is neither a run folder with ckpt.pt nor a GPT-2 model "
+                            f"({', '.join(GPT2_NAMES)}, or a local transformers folder)")
+    text = read_text(args.text)
+    results, sweeps, saved = {}, {}, dict(settings=dict(n_seqs=args.n_seqs, seq_len=args.seq_len,
+                                                        drop_sink=args.drop_sink, text=args.text or 'wikitext-2 test'))
+    for source in args.sources:
+        name, model, encode = load_source(source)
+        model.to(device)
+        ids = encode(text)
+        idx = token_sequences(ids, args.n_seqs, min(args.seq_len, model.config.block_size)).to(device)
+        parts = ['attention'] if model.config.operator == 'attention' else ['attention', 'operator']
+        saved[name] = dict(sequences=idx.shape[0], seq_len=idx.shape[1])
+        for part in parts:
+            label = name if len(parts) == 1 else f"{name} ({'attention part' if part == 'attention' else 'full operator'})"
+            print(f"{label}: {idx.shape[0]} sequences of {idx.shape[1]} tokens")
+            r = connection_diagnostics(model, idx, drop_sink=args.drop_sink, full_operator=part == 'operator',
+                                       progress=True)
+            results[label] = r
+            layer = args.layer if args.layer is not None else model.config.n_layer // 2
+            if not 0 <= layer < model.config.n_layer:
+                raise UserError(f"--layer {layer} is not a layer of {name} (0 .. {model.config.n_layer - 1})")
+            tag = f"{name}_{part}"
+            plot_heatmap(r['a_eff'][layer][:, 1:], os.path.join(out, f'a_eff_{tag}.png'),
+                         f'{label}\nA_eff, layer {layer}, sink column removed', 'key position j', 'query position i',
+                         first_column=1)
+            plot_heatmap(r['gram'][layer], os.path.join(out, f'gram_{tag}.png'),
+                         f'{label}\nedge-averaged Gram Ḡ, layer {layer}', 'feature', 'feature')
+            numbers = {k: v for k, v in r.items() if k not in ('a_eff', 'gram')}
+            numbers['gram_by_depth'] = {k: depth_regimes(r[k]) for k in ('gram_diag_mean', 'gram_offdiag_mean')}
+            if args.context_sweep:
+                by_length = {}
+                for length in [n for n in (16, 32, 64, 128, 256, 512, 1024) if n <= model.config.block_size]:
+                    # fewer sequences at longer contexts keep the edge count (and the time) near the main run's
+                    n = max(1, round(idx.shape[0] * idx.shape[1] ** 2 / length ** 2))
+                    seqs = token_sequences(ids, min(n, args.n_seqs), length).to(device)
+                    by_length[length] = connection_diagnostics(model, seqs, drop_sink=args.drop_sink,
+                                                               full_operator=part == 'operator')
+                sweeps[label] = by_length
+                numbers['context_sweep'] = {n: {k: statistics.fmean(v[k]) for k in ('drift', 'a_eff_fro', 'delta_orth')}
+                                            for n, v in by_length.items()}
+            saved[name][part] = numbers
+    with open(os.path.join(out, 'diagnostics.json'), 'w') as f:
+        json.dump(saved, f, indent=1)
+    plot_walk_layers(results, os.path.join(out, 'walk_layers.png'))
+    if sweeps:
+        plot_context_sweep(sweeps, os.path.join(out, 'context_sweep.png'))
+    rows = ["| model | layer | drift to next | ‖A_eff‖_F | δ_orth | ‖G−μI‖/‖G‖ | Ḡ mean abs diag | Ḡ mean abs off-diag |",
+            "|---|---|---|---|---|---|---|---|"]
+    for label, r in results.items():
+        for l in range(len(r['delta_orth'])):
+            drift = f"{r['drift'][l]:.4f}" if l < len(r['drift']) else '–'
+            rows.append(f"| {label} | {l} | {drift} | {r['a_eff_fro'][l]:.3f} | {r['delta_orth'][l]:.3f} "
+                        f"| {r['gram_rel'][l]:.3f} | {r['gram_diag_mean'][l]:.4g} | {r['gram_offdiag_mean'][l]:.4g} |")
+    with open(os.path.join(out, 'diagnostics.md'), 'w') as f:
+        f.write('\n'.join(rows) + '\n')
+    print('\n'.join(rows) + f"\n-> {out}")
+
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('sources', nargs='+', help='run folders, GPT-2 names (gpt2, ...) or local transformers folders')
+    parser.add_argument('--out', default='diagnostics', help='where to write (default: ./diagnostics)')
+    parser.add_argument('--text', help='text file to walk over (default: WikiText-2 test through datasets)')
+    parser.add_argument('--n_seqs', type=int, default=1024, help='sequences (default 1024, as the paper)')
+    parser.add_argument('--seq_len', type=int, default=64, help='tokens per sequence (default 64, as the paper)')
+    parser.add_argument('--drop_sink', action='store_true', help='leave out the edges to the first token')
+    parser.add_argument('--layer', type=int, help='layer of the A_eff and Gram heatmaps (default: the middle one)')
+    parser.add_argument('--context_sweep', action='store_true', help='also at context lengths 16 ... 1024')
+    parser.add_argument('--device', help='default: cuda when available, else cpu')
+    run_diagnostics(parser.parse_args(argv))
+
+
+if __name__ == '__main__':
+    main_guard(lambda: main(sys.argv[1:]))

@@ -1,5 +1,4 @@
-"""analyze.py and sweep.py: exact occupancy from known γ/δ, every plot written, a sweep end to end, the
-connection-walk CLI on a run and on an imported GPT-2."""
+"""analyze.py: exact occupancy from known γ/δ, every plot written, one-line errors."""
 
 import json
 from dataclasses import asdict
@@ -9,7 +8,7 @@ import torch
 
 import analyze
 from common import save_checkpoint
-from conftest import REPO, TINY_TRAIN_ARGS, assert_one_line_error, needs_tokenizer, run_script, synthetic_text
+from conftest import assert_one_line_error, run_script
 from model import GPT, GPTConfig
 
 # layer 0 holds both boundaries: γ = −1 counts as "below", γ = 0 as "above", neither in the corridor
@@ -84,80 +83,5 @@ def test_bad_input_is_one_line(tmp_path):
     assert_one_line_error(run_script('analyze.py', 'nowhere', cwd=tmp_path), "no run folder 'nowhere'")
     (tmp_path / 'empty').mkdir()
     assert_one_line_error(run_script('analyze.py', 'empty', cwd=tmp_path), 'no checkpoint at')
-    assert_one_line_error(run_script('analyze.py', '--diagnostics', 'empty', cwd=tmp_path),
+    assert_one_line_error(run_script('analyze.py', '--diagnostics', 'empty', cwd=tmp_path),  # walk.py's, by its old name
                           "neither a run folder with ckpt.pt nor a GPT-2 model")
-
-
-def test_paired_verdict_is_inconclusive_inside_the_seed_spread():
-    assert analyze.paired_verdict([-0.02, -0.021, -0.019])[2] == 'lower'
-    assert analyze.paired_verdict([0.02, 0.021, 0.019])[2] == 'higher'
-    assert analyze.paired_verdict([-0.02, 0.01, -0.03])[2] == 'inconclusive'  # seeds disagree
-    assert analyze.paired_verdict([-0.001, -0.03, -0.0001])[2] == 'inconclusive'  # mean within 2 standard errors
-
-
-def test_sweep_runs_end_to_end_and_skips_finished_runs(tiny_data_root, tmp_path):
-    out_root = tmp_path / 'sweep'
-    args = ['--variants=attention,corridor', '--seeds=2', f'--out_root={out_root}',
-            f'--base={REPO / "configs" / "_sweep_shakespeare_char.py"}', '--',
-            *TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', '--max_iters=6', '--lr_decay_iters=6',
-            '--eval_interval=3', '--eval_iters=2']
-    result = run_script('sweep.py', *args, cwd=tiny_data_root)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = (out_root / 'report.md').read_text()
-    assert '| attention |' in report and '| corridor |' in report and 'inconclusive' in report
-    data = json.loads((out_root / 'report.json').read_text())
-    assert len(data['variants']['corridor']['val_loss']) == 2
-    for name in ('val_loss.png', 'occupancy.png', 'gamma_evolution.png', 'gamma_delta.png'):
-        assert (out_root / name).stat().st_size > 1000
-    for run in ('attention-s0', 'attention-s1', 'corridor-s0', 'corridor-s1'):
-        assert json.loads((out_root / run / 'config.json').read_text())['seed'] == int(run[-1])
-    before = (out_root / 'corridor-s0' / 'ckpt.pt').stat().st_mtime_ns
-    again = run_script('sweep.py', *args, cwd=tiny_data_root)
-    assert again.returncode == 0 and '4 finished, 0 to train' in again.stdout
-    assert (out_root / 'corridor-s0' / 'ckpt.pt').stat().st_mtime_ns == before
-
-
-def test_sweep_variants_share_initial_weights_and_data_by_seed():
-    """Pairing by seed is meaningful: with the same seed every variant starts from the same weights."""
-    models = {}
-    for operator in ('attention', 'corridor', 'alpha_beta', 'laplacian'):
-        torch.manual_seed(3)
-        models[operator] = GPT(GPTConfig(block_size=8, vocab_size=20, n_layer=2, n_head=2, n_embd=8, operator=operator))
-    reference = models['attention'].state_dict()
-    for model in models.values():
-        state = model.state_dict()
-        assert all(torch.equal(state[k], v) for k, v in reference.items())
-
-
-# ---------------------------------------------------------------------------------------------- connection walk
-
-def test_diagnostics_cli_on_a_corridor_run(trained_run, tmp_path):
-    (tmp_path / 'text.txt').write_text(synthetic_text(300, seed=9))
-    result = run_script('analyze.py', '--diagnostics', trained_run, '--text', tmp_path / 'text.txt', '--n_seqs', '8',
-                        '--seq_len', '16', '--context_sweep', '--drop_sink', '--out', tmp_path / 'diag', cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    saved = json.loads((tmp_path / 'diag' / 'diagnostics.json').read_text())
-    run = saved[trained_run.name]
-    assert run['sequences'] == 8 and saved['settings']['drop_sink']
-    for part in ('attention', 'operator'):  # a corridor model: the attention part and the full operator
-        assert len(run[part]['drift']) == 1 and len(run[part]['delta_orth']) == 2
-        assert set(run[part]['context_sweep']) == {'16', '32'}  # up to block_size
-    for name in ('walk_layers.png', 'context_sweep.png', f'a_eff_{trained_run.name}_attention.png',
-                 f'gram_{trained_run.name}_operator.png'):
-        assert (tmp_path / 'diag' / name).stat().st_size > 1000
-    assert '| 1 | – |' in (tmp_path / 'diag' / 'diagnostics.md').read_text()  # the last layer has no drift
-
-
-@needs_tokenizer
-def test_diagnostics_cli_on_an_imported_gpt2(tmp_path):
-    transformers = pytest.importorskip('transformers')
-    torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=64, n_embd=24, n_layer=2, n_head=3))
-    hf.save_pretrained(tmp_path / 'tiny-gpt2')
-    (tmp_path / 'text.txt').write_text(synthetic_text(100))
-    result = run_script('analyze.py', '--diagnostics', tmp_path / 'tiny-gpt2', '--text', tmp_path / 'text.txt',
-                        '--n_seqs', '4', '--seq_len', '32', '--out', tmp_path / 'diag', cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    saved = json.loads((tmp_path / 'diag' / 'diagnostics.json').read_text())
-    assert set(saved['tiny-gpt2']) == {'sequences', 'seq_len', 'attention'}  # plain attention: one part
-    assert len(saved['tiny-gpt2']['attention']['a_eff_fro']) == 2

@@ -1,10 +1,13 @@
-"""walk.py: the fast polynomial diagnostics equal a naive per-edge computation, and known walks give known answers."""
+"""walk.py: the fast polynomial diagnostics equal a naive per-edge computation, known walks give known answers, and
+the command line writes its tables and plots for a run and for an imported GPT-2."""
 
+import json
 import math
 
 import pytest
 import torch
 
+from conftest import needs_tokenizer, run_script, synthetic_text
 from model import GPT, GPTConfig
 from walk import connection_diagnostics, depth_regimes, head_weights
 
@@ -174,3 +177,37 @@ def test_an_operator_with_no_walk_in_one_layer_leaves_the_others_defined():
     out = connection_diagnostics(model, torch.randint(0, 30, (2, 5), generator=torch.Generator().manual_seed(7)),
                                  full_operator=True)
     assert math.isnan(out['delta_orth'][0]) and math.isfinite(out['delta_orth'][1]) and out['delta_orth'][1] > 0
+
+
+# ---------------------------------------------------------------------------------------------- command line
+
+def test_diagnostics_cli_on_a_corridor_run(trained_run, tmp_path):
+    (tmp_path / 'text.txt').write_text(synthetic_text(300, seed=9))
+    result = run_script('walk.py', trained_run, '--text', tmp_path / 'text.txt', '--n_seqs', '8',
+                        '--seq_len', '16', '--context_sweep', '--drop_sink', '--out', tmp_path / 'diag', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads((tmp_path / 'diag' / 'diagnostics.json').read_text())
+    run = saved[trained_run.name]
+    assert run['sequences'] == 8 and saved['settings']['drop_sink']
+    for part in ('attention', 'operator'):  # a corridor model: the attention part and the full operator
+        assert len(run[part]['drift']) == 1 and len(run[part]['delta_orth']) == 2
+        assert set(run[part]['context_sweep']) == {'16', '32'}  # up to block_size
+    for name in ('walk_layers.png', 'context_sweep.png', f'a_eff_{trained_run.name}_attention.png',
+                 f'gram_{trained_run.name}_operator.png'):
+        assert (tmp_path / 'diag' / name).stat().st_size > 1000
+    assert '| 1 | – |' in (tmp_path / 'diag' / 'diagnostics.md').read_text()  # the last layer has no drift
+
+
+@needs_tokenizer
+def test_diagnostics_cli_on_an_imported_gpt2(tmp_path):
+    transformers = pytest.importorskip('transformers')
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=64, n_embd=24, n_layer=2, n_head=3))
+    hf.save_pretrained(tmp_path / 'tiny-gpt2')
+    (tmp_path / 'text.txt').write_text(synthetic_text(100))
+    result = run_script('walk.py', tmp_path / 'tiny-gpt2', '--text', tmp_path / 'text.txt',
+                        '--n_seqs', '4', '--seq_len', '32', '--out', tmp_path / 'diag', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads((tmp_path / 'diag' / 'diagnostics.json').read_text())
+    assert set(saved['tiny-gpt2']) == {'sequences', 'seq_len', 'attention'}  # plain attention: one part
+    assert len(saved['tiny-gpt2']['attention']['a_eff_fro']) == 2
