@@ -3,6 +3,8 @@ Turn a corpus into what train.py reads: DATA_ROOT/NAME/{train.bin, val.bin} (uin
 
     python prepare.py shakespeare_char                  # Tiny Shakespeare, one token per character (vocab 65)
     python prepare.py shakespeare                       # Tiny Shakespeare, GPT-2 BPE
+    python prepare.py wikitext2_char                    # WikiText-2 (raw) at Tiny Shakespeare's size, characters
+    python prepare.py wikitext2                         # the same, GPT-2 BPE
     python prepare.py openwebtext                       # OpenWebText, GPT-2 BPE (~9B tokens, ~17 GB)
     python prepare.py text --input notes/ --name notes  # your own .txt / .jsonl files, char or GPT-2 BPE
 
@@ -80,6 +82,9 @@ def char_tokenizer(text):
 
 
 def write_small(out, train_ids, val_ids, source, tokenizer, vocab_size, itos=None):
+    if len(train_ids) < 2 or len(val_ids) < 2:  # train.py needs at least one (input, target) pair per split
+        raise UserError(f"{source} gives {len(train_ids)} training and {len(val_ids)} validation tokens: too little "
+                        f"text to train on (an empty file?)")
     check_uint16(vocab_size)
     np.array(train_ids, dtype=np.uint16).tofile(out / 'train.bin')
     np.array(val_ids, dtype=np.uint16).tofile(out / 'val.bin')
@@ -104,6 +109,42 @@ def prepare_shakespeare(out, args, char_level):
         enc = gpt2_encoding()
         write_small(out, enc.encode_ordinary(text[:split]), enc.encode_ordinary(text[split:]), source, 'gpt2',
                     enc.n_vocab)
+
+
+def read_wikitext2(input_path):
+    """{'validation': text, 'test': text} of WikiText-2 (raw): through `datasets`, or from a folder holding
+    wiki.valid.raw and wiki.test.raw (as in wikitext-2-raw-v1.zip)."""
+    if input_path:
+        folder = Path(input_path)
+        files = {'validation': folder / 'wiki.valid.raw', 'test': folder / 'wiki.test.raw'}
+        missing = [str(p) for p in files.values() if not p.is_file()]
+        if missing:
+            raise UserError(f"--input {input_path}: expected a folder with wiki.valid.raw and wiki.test.raw, "
+                            f"missing {', '.join(missing)}")
+        return {split: path.read_text(encoding='utf-8') for split, path in files.items()}
+    from datasets import load_dataset
+    try:  # one row per line, each ending in a newline: joined, the rows are the raw files
+        return {split: ''.join(load_dataset('wikitext', 'wikitext-2-raw-v1', split=split)['text'])
+                for split in ('validation', 'test')}
+    except Exception as e:
+        raise UserError(f"cannot load WikiText-2 through datasets ({type(e).__name__}); pass a folder with "
+                        f"wiki.valid.raw and wiki.test.raw with --input DIR") from None
+
+
+def prepare_wikitext2(out, args, char_level):
+    """WikiText-2 at Tiny Shakespeare's size, the CPU studies' second corpus: the validation split (1.15M
+    characters, 250k GPT-2 tokens) trains and the test split (1.29M, 286k) validates. The 10.9M-character train
+    split is left out on purpose, so that the corpus matches Tiny Shakespeare's size and an offline copy of the
+    two small splits gives exactly the same data."""
+    texts = read_wikitext2(args.input)
+    source = args.input or 'wikitext/wikitext-2-raw-v1 (datasets)'
+    if char_level:  # the vocabulary covers both splits, so no validation character is unknown
+        itos, encode = char_tokenizer(texts['validation'] + texts['test'])
+        write_small(out, encode(texts['validation']), encode(texts['test']), source, 'char', len(itos), itos)
+    else:
+        enc = gpt2_encoding()
+        write_small(out, enc.encode_ordinary(texts['validation']), enc.encode_ordinary(texts['test']), source,
+                    'gpt2', enc.n_vocab)
 
 
 def read_documents(input_path, text_field):
@@ -211,7 +252,8 @@ def prepare_openwebtext(out, args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('dataset', choices=['shakespeare_char', 'shakespeare', 'openwebtext', 'text'])
+    parser.add_argument('dataset', choices=['shakespeare_char', 'shakespeare', 'wikitext2_char', 'wikitext2',
+                                            'openwebtext', 'text'])
     parser.add_argument('--input', help='a local copy (file or folder) instead of the download')
     parser.add_argument('--data_root', default='data', help='prepared data goes to DATA_ROOT/NAME (default: data)')
     parser.add_argument('--name', help='the folder name under data_root (default: the dataset, or for text the '
@@ -233,6 +275,8 @@ def main():
     with atomic_output_dir(final) as out:
         if args.dataset in ('shakespeare_char', 'shakespeare'):
             prepare_shakespeare(out, args, char_level=args.dataset == 'shakespeare_char')
+        elif args.dataset in ('wikitext2_char', 'wikitext2'):
+            prepare_wikitext2(out, args, char_level=args.dataset == 'wikitext2_char')
         elif args.dataset == 'text':
             prepare_text(out, args)
         else:

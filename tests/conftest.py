@@ -18,6 +18,7 @@ if TIKTOKEN_CACHE.is_dir():
 needs_tokenizer = pytest.mark.skipif(not TIKTOKEN_CACHE.is_dir(),
                                      reason=f"GPT-2 BPE needs the offline tiktoken cache {TIKTOKEN_CACHE}")
 needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no local copy at {SHAKESPEARE}")
+needs_wikitext = pytest.mark.skipif(not WIKITEXT_TEST.is_file(), reason=f"no local copy at {WIKITEXT_TEST.parent}")
 
 REPO = Path(__file__).resolve().parents[1]
 

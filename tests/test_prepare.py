@@ -8,8 +8,8 @@ import pytest
 
 import prepare
 from common import tokenizer_from_meta
-from conftest import (SHAKESPEARE, assert_one_line_error, needs_shakespeare, needs_tokenizer, run_script,
-                      synthetic_text)
+from conftest import (SHAKESPEARE, WIKITEXT_TEST, assert_one_line_error, needs_shakespeare, needs_tokenizer,
+                      needs_wikitext, run_script, synthetic_text)
 
 
 def read_prepared(folder):
@@ -134,6 +134,28 @@ def test_unreachable_download_points_to_input(tmp_path, monkeypatch, capsys):
     assert exit_.value.code == 2
     assert 'pass a local copy with --input PATH' in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize('text', ['', 'ab'])
+def test_a_file_with_too_little_text_is_one_line_and_writes_nothing(tmp_path, text):
+    (tmp_path / 'empty.txt').write_text(text)
+    result = run_script('prepare.py', 'text', '--input', tmp_path / 'empty.txt', '--tokenizer', 'char', cwd=tmp_path)
+    assert_one_line_error(result, 'too little text to train on')
+    assert not (tmp_path / 'data').exists() or not any((tmp_path / 'data').iterdir())
+
+
+@needs_wikitext
+@pytest.mark.parametrize('dataset,counts', [('wikitext2_char', (1_144_748, 1_288_556)),
+                                            pytest.param('wikitext2', (249_887, 286_221), marks=needs_tokenizer)])
+def test_wikitext2_trains_on_the_validation_split_and_validates_on_the_test_split(tmp_path, dataset, counts):
+    result = run_script('prepare.py', dataset, '--input', WIKITEXT_TEST.parent, '--data_root', tmp_path, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    meta = json.loads((tmp_path / dataset / 'meta.json').read_text())
+    assert (meta['train_tokens'], meta['val_tokens']) == counts  # the shared copy's README gives the BPE counts
+    assert (tmp_path / dataset / 'train.bin').stat().st_size == 2 * counts[0]
+    if dataset == 'wikitext2_char':  # every character of either split is in the vocabulary
+        assert meta['vocab_size'] == len(set((WIKITEXT_TEST.parent / 'wiki.valid.raw').read_text(encoding='utf-8')
+                                             + WIKITEXT_TEST.read_text(encoding='utf-8')))
 
 
 def test_jsonl_without_the_text_field_is_one_line(tmp_path):
