@@ -1,8 +1,9 @@
-# Base for the owt_gpt2_124m_*.py runs (not a run by itself): GPT-2 124M on OpenWebText on one GPU.
-# ~0.5M tokens per iteration (12 × 1024 × 40 through gradient accumulation); 10,000 iterations ≈ 4.9B tokens.
-# Prepare the data first: python prepare.py openwebtext
-# One GPU:        python train.py configs/owt_gpt2_124m_corridor.py
-# 8 GPUs:         torchrun --standalone --nproc_per_node=8 train.py configs/owt_gpt2_124m_corridor.py
+# GPT-2 124M on OpenWebText, one GPU: ~0.5M tokens per iteration (12 × 1024 × 40 through gradient accumulation),
+# 10,000 iterations ≈ 4.9B tokens. Prepare the data first: python prepare.py openwebtext
+#   python train.py configs/owt_gpt2_124m.py --operator=corridor --out_dir=out-owt-124m-corridor
+#   torchrun --standalone --nproc_per_node=8 train.py configs/owt_gpt2_124m.py --operator=corridor   # 8 GPUs
+# sweep.py --study=NAME --gpu runs the paper's studies from this config.
+out_dir = 'out-owt-124m'
 dataset = 'openwebtext'
 compile = True
 

@@ -1,7 +1,8 @@
-# Base for the owt_gpt2_350m_*.py runs (the "across scales" pair): GPT-2 medium size (~350M) on OpenWebText,
-# one GPU, the same ~0.5M tokens per iteration and token budget as the 124M runs.
-from configs._owt_gpt2_124m import *
+# GPT-2 medium size (~350M) on OpenWebText, one GPU, the same ~0.5M tokens per iteration and token budget as
+# owt_gpt2_124m.py (the "across scales" pair).
+from configs.owt_gpt2_124m import *
 
+out_dir = 'out-owt-350m'
 n_layer = 24
 n_head = 16
 n_embd = 1024
