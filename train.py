@@ -1,13 +1,13 @@
 """
 Train a GPT whose attention heads use one operator of the family in model.py.
 
-    python train.py configs/shakespeare_char_corridor.py                 # CPU, minutes
-    python train.py configs/owt_gpt2_124m_corridor.py                    # one GPU
-    torchrun --standalone --nproc_per_node=8 train.py configs/owt_gpt2_124m_corridor.py   # DDP, one node
-    python train.py --init_from=resume --out_dir=out-owt-corridor       # continue a stopped run exactly
+    python train.py configs/shakespeare_char.py --operator=corridor    # CPU, minutes
+    python train.py configs/owt_gpt2_124m.py --operator=corridor       # one GPU
+    torchrun --standalone --nproc_per_node=8 train.py configs/owt_gpt2_124m.py --operator=corridor   # DDP, one node
+    python train.py --init_from=resume --out_dir=out-owt-124m          # continue a stopped run exactly
 
-Every key below can be set by a config file (plain Python, `key = value`) and by `--key=value`, in that order.
-The run folder gets config.json, log.jsonl (one line per evaluation, with every head's γ/δ) and ckpt.pt.
+Every key of DEFAULTS can be set by a config file (plain Python, `key = value`) and by `--key=value`, in that
+order. The run folder gets config.json, log.jsonl (one line per evaluation, with every head's γ/δ) and ckpt.pt.
 Ctrl-C (or SIGTERM) finishes the current iteration, saves a checkpoint and stops; a second Ctrl-C aborts.
 """
 
@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import numpy as np
@@ -27,14 +27,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from common import (UserError, load_checkpoint, main_guard, model_config, model_from_checkpoint, parse_config,
-                    peak_flops, save_checkpoint)
-from model import GPT, GPTConfig, gamma_delta, in_corridor
-
-OPERATOR_KEYS = ('operator', 'laplacian_heads', 'gamma_init', 'delta_init', 'init_spread', 'learn_gamma',
-                 'learn_delta', 'gamma_nonneg', 'operator_lr_mult')
-# what a resumed run can't change (block_size may shrink: it is checked against the model's positions)
-ARCHITECTURE_KEYS = ('n_layer', 'n_head', 'n_embd', 'bias') + tuple(k for k in OPERATOR_KEYS if k != 'operator_lr_mult')
+from common import (UserError, load_checkpoint, load_model, main_guard, model_config, model_from_checkpoint,
+                    parse_config, peak_flops, save_checkpoint)
+from model import GPT, gamma_delta, in_corridor
 
 # ------------------------------------------------------------------------------------------------------------
 # default config: GPT-2 124M on OpenWebText, nanoGPT's key names
@@ -49,20 +44,33 @@ DEFAULTS = dict(
     snapshot_interval=0,           # also keep ckpt_<iter>.pt at evals every this many iters (0: never)
     init_from='scratch',           # 'scratch', 'resume' (out_dir/ckpt.pt) or 'gpt2', 'gpt2-medium', ...
     overwrite=False,               # a scratch run into an out_dir that holds a checkpoint needs this
+    walk_interval=0,               # evals at multiples of this also log the connection-walk geometry (0: never)
+    walk_seqs=32,                  # ... on this many fixed validation sequences of min(64, block_size) tokens
+    wandb_log=False,               # also log to Weights & Biases what log.jsonl gets
+    wandb_project='corridor-gpt',
+    wandb_run_name='run',
     # data: data_root/dataset/{train,val}.bin from prepare.py
     data_root='data',
     dataset='openwebtext',
     gradient_accumulation_steps=40,  # ×12×1024 ≈ 0.5M tokens per iteration (split across DDP ranks)
     batch_size=12,
     block_size=1024,
-    # model (vocab_size comes from the data's meta.json)
+    # model (the vocabulary comes from the data's meta.json, padded to a multiple of 64 by the model itself)
     n_layer=12,
     n_head=12,
     n_embd=768,
     dropout=0.0,
     bias=False,
-    # the attention operator: see GPTConfig and OPERATORS in model.py
-    **{f.name: f.default for f in fields(GPTConfig) if f.name in OPERATOR_KEYS},
+    # the attention operator: GPTConfig and OPERATORS in model.py (defaults as there)
+    operator='attention',
+    laplacian_heads=1,
+    gamma_init=0.0,
+    delta_init=1.0,
+    init_spread=0.0,
+    learn_gamma=True,
+    learn_delta=True,
+    gamma_nonneg=False,
+    operator_lr_mult=1.0,
     # AdamW
     learning_rate=6e-4,
     max_iters=600000,
@@ -77,11 +85,15 @@ DEFAULTS = dict(
     min_lr=6e-5,
     # system
     device='cuda' if torch.cuda.is_available() else 'cpu',
-    dtype='auto',                  # 'auto': bfloat16 where supported, else float16 on GPU; float32 on CPU
+    dtype='auto',                  # 'auto': bfloat16 where the GPU has it natively, else float16; float32 on CPU
     compile=True,
     backend='auto',                # DDP: 'auto' = nccl on GPU, gloo on CPU
     seed=1337,
 )
+OPERATOR_KEYS = ('operator', 'laplacian_heads', 'gamma_init', 'delta_init', 'init_spread', 'learn_gamma',
+                 'learn_delta', 'gamma_nonneg', 'operator_lr_mult')
+# what a resumed run can't change (block_size may shrink: it is checked against the model's positions)
+ARCHITECTURE_KEYS = ('n_layer', 'n_head', 'n_embd', 'bias') + tuple(k for k in OPERATOR_KEYS if k != 'operator_lr_mult')
 
 
 class TrainingStopped(UserError):
@@ -89,50 +101,135 @@ class TrainingStopped(UserError):
 
 
 # ------------------------------------------------------------------------------------------------------------
+# config, processes, data, model
+
+# keys nanoGPT users set that this script takes from elsewhere
+HINTS = dict(vocab_size="vocab_size comes from the data's meta.json, and the model pads its embedding to a multiple "
+                        "of 64 by itself (50257 -> 50304): drop vocab_size")
+
 
 def resolve_config(argv):
-    """(config, checkpoint or None). A resumed run starts from its saved config, so only what changes needs
-    saying, and its architecture can't change under the checkpoint."""
-    config = parse_config(DEFAULTS, argv)
-    if config['init_from'] != 'resume':
-        return config, None
-    ckpt = load_checkpoint(os.path.join(config['out_dir'], 'ckpt.pt'))
-    config = parse_config({**DEFAULTS, **ckpt['config']}, argv)
-    for key in ARCHITECTURE_KEYS:
-        if config[key] != ckpt['model_args'][key]:
-            raise UserError(f"resuming with {key}={config[key]!r}, but the checkpoint's model has "
-                            f"{key}={ckpt['model_args'][key]!r}")
-    return config, ckpt
-
-
-def load_meta(cfg):
-    data_dir = os.path.join(cfg.data_root, cfg.dataset)
-    meta_path = os.path.join(data_dir, 'meta.json')
-    if not os.path.isfile(meta_path):
-        raise UserError(f"no prepared data at {data_dir} (meta.json missing): run `python prepare.py "
-                        f"{cfg.dataset}` or set --data_root / --dataset")
-    with open(meta_path) as f:
-        meta = json.load(f)
-    for split in ('train', 'val'):
-        n = os.path.getsize(os.path.join(data_dir, f'{split}.bin')) // 2
-        if n <= cfg.block_size:
-            raise UserError(f"block_size={cfg.block_size} needs more tokens than that, but {split}.bin in "
-                            f"{data_dir} has {n}")
-    return data_dir, meta
-
-
-def check_loop_config(cfg):
-    """The loop's numbers make sense (the model's own are checked by GPTConfig)."""
+    """(cfg, checkpoint or None). A resumed run starts from its saved config, so only what changes needs saying,
+    and its architecture can't change under the checkpoint."""
+    config = parse_config(DEFAULTS, argv, hints=HINTS)
+    ckpt = None
+    if config['init_from'] == 'resume':
+        ckpt = load_checkpoint(os.path.join(config['out_dir'], 'ckpt.pt'))
+        config = parse_config({**DEFAULTS, **ckpt['config']}, argv, hints=HINTS)
+        for key in ARCHITECTURE_KEYS:
+            if config[key] != ckpt['model_args'][key]:
+                raise UserError(f"resuming with {key}={config[key]!r}, but the checkpoint's model has "
+                                f"{key}={ckpt['model_args'][key]!r}")
+    cfg = SimpleNamespace(**config)
     for key in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters',
-                'log_interval'):
+                'log_interval', 'walk_seqs'):
         if getattr(cfg, key) < 1:
             raise UserError(f"{key} must be at least 1, got {getattr(cfg, key)}")
-    if cfg.max_iters < 0 or cfg.snapshot_interval < 0 or cfg.warmup_iters < 0:
-        raise UserError("max_iters, snapshot_interval and warmup_iters must be >= 0")
+    if cfg.max_iters < 0 or cfg.snapshot_interval < 0 or cfg.warmup_iters < 0 or cfg.walk_interval < 0:
+        raise UserError("max_iters, snapshot_interval, warmup_iters and walk_interval must be >= 0")
+    if cfg.walk_interval % cfg.eval_interval:
+        raise UserError(f"walk_interval={cfg.walk_interval} must be a multiple of eval_interval={cfg.eval_interval} "
+                        f"(the geometry is logged at evaluations)")
     if cfg.decay_lr and cfg.lr_decay_iters <= cfg.warmup_iters:
         raise UserError(f"lr_decay_iters={cfg.lr_decay_iters} must exceed warmup_iters={cfg.warmup_iters} "
                         f"(or --decay_lr=False)")
+    if cfg.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
+        raise UserError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}")
+    kind, _, index = cfg.device.partition(':')
+    if kind not in ('cpu', 'cuda') or (index and not (kind == 'cuda' and index.isdigit())):
+        raise UserError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {cfg.device!r}")
+    return cfg, ckpt
 
+
+def setup_processes(cfg):
+    """(ddp, rank, world, device) for one process, or for each of torchrun's; the DDP process group is joined."""
+    device, cuda = cfg.device, cfg.device.startswith('cuda')
+    if cuda and not torch.cuda.is_available():
+        raise UserError(f"device={device!r} but CUDA is not available here (use --device=cpu)")
+    if int(os.environ.get('RANK', -1)) == -1:  # not launched by torchrun
+        return False, 0, 1, device
+    if cuda:  # one GPU per process, chosen before the process group binds to it
+        device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        torch.cuda.set_device(device)
+    backend = cfg.backend if cfg.backend != 'auto' else ('nccl' if cuda else 'gloo')
+    dist.init_process_group(backend=backend, device_id=torch.device(device) if cuda else None)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if cfg.gradient_accumulation_steps % world:
+        raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be divisible by "
+                        f"the {world} DDP processes")
+    return True, rank, world, device
+
+
+def resolve_dtype(dtype, device):
+    """'auto': bfloat16 on a GPU that computes it natively (compute capability 8.0 and up), float16 with a grad
+    scaler on older GPUs (torch.cuda.is_bf16_supported also counts the slow emulated bf16 of a V100 or T4), float32
+    on CPU."""
+    if dtype != 'auto':
+        return dtype
+    if not device.startswith('cuda'):
+        return 'float32'
+    return 'bfloat16' if torch.cuda.get_device_capability(torch.device(device))[0] >= 8 else 'float16'
+
+
+class Data:
+    """data_root/dataset: meta.json and the uint16 token files train.bin and val.bin."""
+
+    def __init__(self, cfg, device):
+        self.dir, self.block_size, self.batch_size, self.device = \
+            os.path.join(cfg.data_root, cfg.dataset), cfg.block_size, cfg.batch_size, device
+        meta_path = os.path.join(self.dir, 'meta.json')
+        if not os.path.isfile(meta_path):
+            raise UserError(f"no prepared data at {self.dir} (meta.json missing): run `python prepare.py "
+                            f"{cfg.dataset}` or set --data_root / --dataset")
+        try:
+            with open(meta_path) as f:
+                self.meta = json.load(f)
+            self.meta['vocab_size'], self.meta['tokenizer']
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+            raise UserError(f"{meta_path} is not a meta.json written by prepare.py ({type(e).__name__}): rerun "
+                            f"`python prepare.py {cfg.dataset}`") from None
+        self.n_tokens = {}
+        for split in ('train', 'val'):
+            path = os.path.join(self.dir, f'{split}.bin')
+            size = os.path.getsize(path) if os.path.isfile(path) else 0
+            if size % 2:
+                raise UserError(f"{path} has {size} bytes, not a whole number of uint16 tokens (truncated?): rerun "
+                                f"`python prepare.py {cfg.dataset}`")
+            if size // 2 <= cfg.block_size:
+                raise UserError(f"block_size={cfg.block_size} needs more tokens than that, but {split}.bin in "
+                                f"{self.dir} has {size // 2}")
+            self.n_tokens[split] = size // 2
+
+    def offsets(self, split, count, generator):
+        """[count, batch_size] random start positions."""
+        return torch.randint(self.n_tokens[split] - self.block_size, (count, self.batch_size), generator=generator)
+
+    def batch(self, split, offsets):
+        # reopened per batch: a long-lived np.memmap keeps its pages referenced and memory creeps up
+        data = np.memmap(os.path.join(self.dir, f'{split}.bin'), dtype=np.uint16, mode='r')
+        x = torch.stack([torch.from_numpy(data[i:i + self.block_size].astype(np.int64)) for i in offsets])
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + self.block_size].astype(np.int64)) for i in offsets])
+        if self.device.startswith('cuda'):
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x, y
+
+
+def build_model(cfg, vocab_size, ckpt):
+    """The GPT to train: from the checkpoint, from scratch, or OpenAI's GPT-2 with the configured operator."""
+    if ckpt is not None:  # the architecture stays; dropout and operator_lr_mult are training settings it may change
+        return model_from_checkpoint(ckpt, dropout=cfg.dropout, operator_lr_mult=cfg.operator_lr_mult)
+    if cfg.init_from == 'scratch':
+        return GPT(model_config({**vars(cfg), 'vocab_size': vocab_size}))
+    if cfg.init_from.startswith('gpt2'):
+        model, _ = load_model(cfg.init_from, dropout=cfg.dropout, **{k: getattr(cfg, k) for k in OPERATOR_KEYS})
+        for key in ('n_layer', 'n_head', 'n_embd', 'bias'):
+            setattr(cfg, key, getattr(model.config, key))  # GPT-2's own, so the saved config tells the truth
+        return model
+    raise UserError(f"init_from must be 'scratch', 'resume' or a GPT-2 name like 'gpt2', got {cfg.init_from!r}")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the pieces of the loop
 
 def get_lr(it, cfg):
     """Linear warmup for warmup_iters, cosine decay to min_lr at lr_decay_iters, then min_lr."""
@@ -146,244 +243,258 @@ def get_lr(it, cfg):
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
 
 
+@torch.no_grad()
+def estimate_loss(model, data, cfg, autocast, rank, world):
+    """Mean loss over eval_iters batches per split. The batches are the same at every evaluation, and in every run
+    with the same seed and data, so curves and variants compare without sampling noise. Under DDP each process
+    evaluates its share; `model` is never the DDP wrapper, so a process without a share has nothing to wait for."""
+    model.eval()
+    out = {}
+    for i, split in enumerate(('train', 'val')):
+        offsets = data.offsets(split, cfg.eval_iters, torch.Generator().manual_seed(cfg.seed + 1000 + i))
+        total = torch.zeros(2, device=data.device)
+        for k in range(rank, cfg.eval_iters, world):
+            x, y = data.batch(split, offsets[k])
+            with autocast:
+                _, loss = model(x, y)
+            total += torch.stack([loss.float(), torch.ones((), device=data.device)])
+        if world > 1:
+            dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        out[split] = (total[0] / total[1]).item()
+    model.train()
+    return out
+
+
 def corridor_summary(coefficients):
     """(fraction of heads in the corridor, mean γ, mean δ)."""
     gamma, delta = gamma_delta(coefficients)
     return in_corridor(gamma).float().mean().item(), gamma.mean().item(), delta.mean().item()
 
 
-def main(argv):
-    config, ckpt = resolve_config(argv)
-    cfg = SimpleNamespace(**config)
-    check_loop_config(cfg)
-    resumed = ckpt is not None
+def walk_geometry(model, idx):
+    """Per-layer connection-walk diagnostics (walk.py) for log.jsonl: of the attention part, and for the operator
+    family also of the full operator c_I·I + c_P·P. Never on the training path: the math path, in eval mode, on
+    fixed sequences, with no random numbers drawn, so a run's losses are the same with or without it."""
+    from walk import PER_LAYER, connection_diagnostics
+    parts = ['attention'] if model.config.operator == 'attention' else ['attention', 'operator']
+    geometry = {}
+    for part in parts:
+        result = connection_diagnostics(model, idx, full_operator=part == 'operator')
+        geometry[part] = {key: result[key] for key in PER_LAYER}
+    return geometry
 
-    # --- processes and devices -----------------------------------------------------------------------------
-    ddp = int(os.environ.get('RANK', -1)) != -1  # launched by torchrun?
-    device = cfg.device
-    if ddp:
-        backend = cfg.backend if cfg.backend != 'auto' else ('nccl' if device.startswith('cuda') else 'gloo')
-        dist.init_process_group(backend=backend)
-        rank, world = dist.get_rank(), dist.get_world_size()
-        if device.startswith('cuda'):
-            device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-            torch.cuda.set_device(device)
-        if cfg.gradient_accumulation_steps % world:
-            raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be divisible by "
-                            f"the {world} DDP processes")
-    else:
-        rank, world = 0, 1
+
+def checkpoint_state(model, optimizer, scaler, cfg, meta, progress, data_rng, device):
+    """Everything a resumed run needs to continue exactly: weights, optimizer moments, config, progress, RNGs."""
+    return dict(model=model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
+                model_args=asdict(model.config), config=vars(cfg), **progress,
+                meta={k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos') if k in meta},
+                rng=dict(torch=torch.get_rng_state(), data=data_rng.get_state(),
+                         cuda=torch.cuda.get_rng_state(device) if device.startswith('cuda') else None))
+
+
+def claim_run_folder(out_dir):
+    """Hold an exclusive lock on out_dir for the life of this process, or fail with one line: two runs in one
+    folder would interleave log.jsonl and race for ckpt.pt. The OS drops the lock when the process dies (even by
+    kill -9), so a crashed run never leaves the folder locked."""
+    os.makedirs(out_dir, exist_ok=True)
+    handle = open(os.path.join(out_dir, 'train.lock'), 'a+')
+    try:
+        import fcntl
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:  # no fcntl (Windows): no lock
+        return handle
+    except OSError:
+        handle.seek(0)
+        owner = handle.read().strip() or 'another process'
+        raise UserError(f"{out_dir} is in use by a run that is still training ({owner}): wait for it to finish, "
+                        f"stop it, or pick another --out_dir") from None
+    handle.truncate(0)
+    handle.write(f"pid {os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def prepare_run_folder(cfg, resumed, iter_num, log_path):
+    """The run folder as this run continues it: log lines past the checkpoint dropped (a crash between log and
+    save; they are written again), or for a fresh run an old run's checkpoints removed; config.json written."""
+    kept = []
+    if resumed:
+        for line in open(log_path) if os.path.exists(log_path) else []:
+            try:
+                if json.loads(line)['iter'] <= iter_num:
+                    kept.append(line)
+            except (json.JSONDecodeError, KeyError):
+                pass  # a line torn by a crash
+    else:  # a fresh run (maybe --overwrite): an old checkpoint, log or snapshots would mix two runs
+        for name in os.listdir(cfg.out_dir):
+            if name.startswith('ckpt') and name.endswith('.pt'):
+                os.remove(os.path.join(cfg.out_dir, name))
+    with open(log_path + '.tmp', 'w') as f:
+        f.writelines(kept)
+    os.replace(log_path + '.tmp', log_path)
+    with open(os.path.join(cfg.out_dir, 'config.json.tmp'), 'w') as f:
+        json.dump(vars(cfg), f, indent=1)
+    os.replace(os.path.join(cfg.out_dir, 'config.json.tmp'), os.path.join(cfg.out_dir, 'config.json'))
+
+
+def start_wandb(cfg, resumed):
+    """wandb, imported only when wandb_log is on."""
+    try:
+        import wandb
+    except ImportError:
+        raise UserError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)") from None
+    wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg), dir=cfg.out_dir,
+               resume='allow' if resumed else None)
+    return wandb
+
+
+class StopRequest:
+    """Ctrl-C / SIGTERM: finish this iteration, save, stop; a second signal aborts. The handler only records the
+    signal; the loop decides when to stop, so that under DDP every process stops at the same iteration."""
+
+    def __init__(self, master):
+        self.seen, self.master = False, master
+        signal.signal(signal.SIGINT, self.handle)
+        signal.signal(signal.SIGTERM, self.handle)
+
+    def handle(self, signum, frame):
+        if self.seen:
+            raise KeyboardInterrupt
+        self.seen = True
+        if self.master:
+            tqdm.write("stopping after this iteration and saving a checkpoint (again to abort now)")
+
+
+# ------------------------------------------------------------------------------------------------------------
+
+def main(argv):
+    cfg, ckpt = resolve_config(argv)
+    resumed = ckpt is not None
+    ddp, rank, world, device = setup_processes(cfg)
     master = rank == 0
-    device_type = 'cuda' if device.startswith('cuda') else 'cpu'
-    if device_type == 'cuda' and not torch.cuda.is_available():
-        raise UserError(f"device={device!r} but CUDA is not available here (use --device=cpu)")
-    if cfg.dtype == 'auto':
-        cfg.dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' \
-            else 'float32'
-    if cfg.dtype not in ('float32', 'bfloat16', 'float16'):
-        raise UserError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}")
-    autocast = nullcontext() if cfg.dtype == 'float32' else torch.autocast(device_type, getattr(torch, cfg.dtype))
+    dtype = resolve_dtype(cfg.dtype, device)
+    autocast = nullcontext() if dtype == 'float32' else torch.autocast(device.split(':')[0], getattr(torch, dtype))
     torch.manual_seed(cfg.seed + rank)  # dropout differs per rank; the weights are rank 0's (DDP broadcasts)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     micro_steps = cfg.gradient_accumulation_steps // world  # per process
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
-
-    # --- data ------------------------------------------------------------------------------------------------
-    data_dir, meta = load_meta(cfg)
-    n_tokens = {split: os.path.getsize(os.path.join(data_dir, f'{split}.bin')) // 2 for split in ('train', 'val')}
-
-    def get_batch(split, offsets):
-        # reopened per batch: a long-lived np.memmap keeps its pages referenced and memory creeps up
-        data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
-        x = torch.stack([torch.from_numpy(data[i:i + cfg.block_size].astype(np.int64)) for i in offsets])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + cfg.block_size].astype(np.int64)) for i in offsets])
-        if device_type == 'cuda':
-            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-        return x, y
-
-    def draw_offsets(split, count, generator):
-        """[count, batch_size] random start positions."""
-        return torch.randint(n_tokens[split] - cfg.block_size, (count, cfg.batch_size), generator=generator)
-
-    # Every process draws the same global batch from this generator and takes its own rows of it, so a DDP
-    # run sees exactly the batches of one process with the same gradient_accumulation_steps.
+    data = Data(cfg, device)
+    # Every process draws the same global batch from this generator and takes its own rows of it, so a DDP run
+    # sees exactly the batches of one process with the same gradient_accumulation_steps.
     data_rng = torch.Generator().manual_seed(cfg.seed)
 
-    # --- model -------------------------------------------------------------------------------------------------
-    if resumed:  # the architecture stays; dropout and operator_lr_mult are training settings it may change
-        model = model_from_checkpoint(ckpt, dropout=cfg.dropout, operator_lr_mult=cfg.operator_lr_mult)
-    elif cfg.init_from == 'scratch':
-        model = GPT(model_config({**vars(cfg), 'vocab_size': meta['vocab_size']}))
-    elif cfg.init_from.startswith('gpt2'):
-        try:
-            model = GPT.from_pretrained(cfg.init_from, dropout=cfg.dropout, **{k: config[k] for k in OPERATOR_KEYS})
-        except (RuntimeError, ValueError) as e:
-            raise UserError(str(e)) from None
-        for key in ('n_layer', 'n_head', 'n_embd', 'bias'):
-            setattr(cfg, key, getattr(model.config, key))  # GPT-2's own, so the saved config tells the truth
-    else:
-        raise UserError(f"init_from must be 'scratch', 'resume' or a GPT-2 name like 'gpt2', got {cfg.init_from!r}")
-    if model.config.vocab_size != meta['vocab_size']:
-        raise UserError(f"the model's vocabulary ({model.config.vocab_size}) does not match the data's "
-                        f"({meta['vocab_size']}, {meta['tokenizer']} tokenizer in {data_dir})")
-    if cfg.block_size > model.config.block_size:
-        raise UserError(f"block_size={cfg.block_size} exceeds the model's {model.config.block_size} positions")
-    model.to(device)
-
-    scaler = torch.amp.GradScaler(device_type, enabled=cfg.dtype == 'float16')
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
-    iter_num, tokens_seen, best_val_loss = 0, 0, float('inf')
+    raw_model = build_model(cfg, data.meta['vocab_size'], ckpt)
+    if raw_model.config.vocab_size != data.meta['vocab_size']:
+        raise UserError(f"the model's vocabulary ({raw_model.config.vocab_size}) does not match the data's "
+                        f"({data.meta['vocab_size']}, {data.meta['tokenizer']} tokenizer in {data.dir})")
+    if cfg.block_size > raw_model.config.block_size:
+        raise UserError(f"block_size={cfg.block_size} exceeds the model's {raw_model.config.block_size} positions")
+    raw_model.to(device)
+    scaler = torch.amp.GradScaler(device.split(':')[0], enabled=dtype == 'float16')
+    optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
+                                               device.split(':')[0])
+    progress = dict(iter_num=0, tokens_seen=0, best_val_loss=float('inf'))
     if resumed:
         fresh = [dict(g) for g in optimizer.param_groups]
         optimizer.load_state_dict(ckpt['optimizer'])  # restores the moments, and the old hyperparameters too:
         for group, new in zip(optimizer.param_groups, fresh):  # a resumed run uses the ones configured now
             group.update({k: new[k] for k in ('weight_decay', 'betas', 'lr_mult')})
         scaler.load_state_dict(ckpt['scaler'])
-        iter_num, tokens_seen, best_val_loss = ckpt['iter_num'], ckpt['tokens_seen'], ckpt['best_val_loss']
+        progress = {k: ckpt[k] for k in progress}
         torch.set_rng_state(ckpt['rng']['torch'])
-        if device_type == 'cuda' and ckpt['rng']['cuda'] is not None:
+        if device.startswith('cuda') and ckpt['rng']['cuda'] is not None:
             torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
         if rank > 0:  # only rank 0's RNG state is saved; the others reseed so their dropout masks stay distinct
-            torch.manual_seed(cfg.seed + rank + 7919 * iter_num)  # (so a DDP resume with dropout is not bit-exact)
+            torch.manual_seed(cfg.seed + rank + 7919 * progress['iter_num'])  # (a DDP resume with dropout: not exact)
         data_rng.set_state(ckpt['rng']['data'])
-    raw_model = model
-    if cfg.compile:
-        model = torch.compile(model)
-    if ddp:
-        model = DDP(model, device_ids=[torch.device(device).index] if device_type == 'cuda' else None)
-
-    def all_reduce_sum(tensor):
-        if ddp:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor
-
-    @torch.no_grad()
-    def estimate_loss():
-        """Mean loss over eval_iters batches per split. The batches are the same at every evaluation, and in
-        every run with the same seed and data, so curves and variants compare without sampling noise."""
-        model.eval()
-        out = {}
-        for i, split in enumerate(('train', 'val')):
-            offsets = draw_offsets(split, cfg.eval_iters, torch.Generator().manual_seed(cfg.seed + 1000 + i))
-            total = torch.zeros(2, device=device)
-            for k in range(rank, cfg.eval_iters, world):  # DDP: each process evaluates its share
-                x, y = get_batch(split, offsets[k])
-                with autocast:
-                    _, loss = model(x, y)
-                total += torch.stack([loss.float(), torch.ones((), device=device)])
-            total = all_reduce_sum(total)
-            out[split] = (total[0] / total[1]).item()
-        model.train()
-        return out
+    ckpt = None  # the checkpoint's host copy of the weights and moments: gone before the run starts
+    compiled = torch.compile(raw_model) if cfg.compile else raw_model
+    # broadcast_buffers=False: the only buffers are the fixed operator scalars, equal on every rank from the start
+    model = DDP(compiled, device_ids=[torch.device(device).index] if device.startswith('cuda') else None,
+                broadcast_buffers=False) if ddp else compiled
 
     if cfg.eval_only:
-        losses = estimate_loss()
+        losses = estimate_loss(compiled, data, cfg, autocast, rank, world)
         if master:
-            print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            print(f"iter {progress['iter_num']}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         return
 
-    # --- the run folder: all the checks above ran first, so bad input never overwrites anything -------------
-    ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
-    log_path = os.path.join(cfg.out_dir, 'log.jsonl')
+    # the run folder: all the checks above ran first, so bad input never overwrites anything
+    ckpt_path, log_path = os.path.join(cfg.out_dir, 'ckpt.pt'), os.path.join(cfg.out_dir, 'log.jsonl')
     if not resumed and os.path.exists(ckpt_path) and not cfg.overwrite:
         raise UserError(f"{ckpt_path} exists: continue it with --init_from=resume, pick another --out_dir, "
                         f"or pass --overwrite=True to start over")
+    wandb = None
     if master:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        kept = []
-        if resumed:  # lines past the checkpoint (a crash between log and save) are written again below
-            for line in open(log_path) if os.path.exists(log_path) else []:
-                try:
-                    if json.loads(line)['iter'] <= iter_num:
-                        kept.append(line)
-                except (json.JSONDecodeError, KeyError):
-                    pass  # a line torn by a crash
-        else:  # a fresh run (maybe --overwrite): an old checkpoint, log or snapshots would mix two runs
-            for name in os.listdir(cfg.out_dir):
-                if name.startswith('ckpt') and name.endswith('.pt'):
-                    os.remove(os.path.join(cfg.out_dir, name))
-        with open(log_path + '.tmp', 'w') as f:
-            f.writelines(kept)
-        os.replace(log_path + '.tmp', log_path)
-        with open(os.path.join(cfg.out_dir, 'config.json.tmp'), 'w') as f:
-            json.dump(vars(cfg), f, indent=1)
-        os.replace(os.path.join(cfg.out_dir, 'config.json.tmp'), os.path.join(cfg.out_dir, 'config.json'))
+        lock = claim_run_folder(cfg.out_dir)  # noqa: F841 (held until the process exits)
+        prepare_run_folder(cfg, resumed, progress['iter_num'], log_path)
+        wandb = start_wandb(cfg, resumed) if cfg.wandb_log else None
         print('\n'.join(f"{k} = {v!r}" for k, v in vars(cfg).items()))
         print(f"{raw_model.get_num_params() / 1e6:.2f}M parameters, {tokens_per_iter:,} tokens per iteration, "
-              f"operator {raw_model.config.operator}, {device}, {cfg.dtype}, {world} process(es)"
-              + (f", resuming at iter {iter_num}" if resumed else ''))
-
-    def checkpoint():
-        return dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
-                    model_args=asdict(raw_model.config), config=vars(cfg), iter_num=iter_num,
-                    tokens_seen=tokens_seen, best_val_loss=best_val_loss,
-                    meta={k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos') if k in meta},
-                    rng=dict(torch=torch.get_rng_state(), data=data_rng.get_state(),
-                             cuda=torch.cuda.get_rng_state(device) if device_type == 'cuda' else None))
-
-    # Ctrl-C / SIGTERM: finish this iteration, save, stop. The handler only records the signal; whether to
-    # stop is decided from the per-iteration all-reduce below, so every process stops at the same iteration and
-    # a signal that lands in the middle of that all-reduce is seen at the next one, never lost.
-    signal_seen, stop = False, False
-
-    def request_stop(signum, frame):
-        nonlocal signal_seen
-        if signal_seen:
-            raise KeyboardInterrupt
-        signal_seen = True
-        if master:
-            tqdm.write("stopping after this iteration and saving a checkpoint (again to abort now)")
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+              f"operator {raw_model.config.operator}, {device}, {dtype}, {world} process(es)"
+              + (f", resuming at iter {progress['iter_num']}" if resumed else ''))
+    walk_idx = None  # the connection walk's fixed validation sequences, from a generator of their own
+    if cfg.walk_interval and master:
+        offsets = torch.randint(data.n_tokens['val'] - cfg.block_size, (cfg.walk_seqs,),
+                                generator=torch.Generator().manual_seed(cfg.seed + 2000))
+        walk_idx = data.batch('val', offsets)[0][:, :min(64, cfg.block_size)]  # the paper's 64 tokens
 
     # --- the loop ---------------------------------------------------------------------------------------------
-    start_iter = iter_num
-    peak = peak_flops(device, cfg.dtype)
+    stop_request, stop = StopRequest(master), False
+    iter_num, start_iter = progress['iter_num'], progress['iter_num']
+    peak = peak_flops(device, dtype)
     bar = tqdm(total=cfg.max_iters, initial=iter_num, disable=not master or not sys.stderr.isatty(),
                dynamic_ncols=True, unit='it')
-    time_since_log, iters_since_log, loss_since_log = 0.0, 0, 0.0  # training steps only, evaluations excluded
+    window = dict(loss=torch.zeros((), device=device), iters=0, timed=0, t0=time.time())  # since the last log
     while True:
         lr = get_lr(iter_num, cfg)
         for group in optimizer.param_groups:
             group['lr'] = lr * group['lr_mult']
 
-        due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
-        if due and not (resumed and iter_num == start_iter):  # a resumed run's first eval is already logged
-            losses = estimate_loss()
+        if (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters) and not (resumed and iter_num == start_iter):
+            losses = estimate_loss(compiled, data, cfg, autocast, rank, world)  # (a resumed run's is logged already)
             if not all(math.isfinite(v) for v in losses.values()):
                 raise TrainingStopped(f"evaluation at iter {iter_num} gave {losses}; stopped without saving, "
                                       f"{ckpt_path} holds the last good state")
-            improved = losses['val'] < best_val_loss
-            best_val_loss = min(best_val_loss, losses['val'])  # only ever goes down
+            improved = losses['val'] < progress['best_val_loss']
+            progress['best_val_loss'] = min(progress['best_val_loss'], losses['val'])  # only ever goes down
             if master:
                 coefficients = raw_model.operator_coefficients()
                 gamma, delta = gamma_delta(coefficients)
                 occupancy, gamma_mean, delta_mean = corridor_summary(coefficients)
-                tqdm.write(f"eval {iter_num}: train {losses['train']:.4f}, val {losses['val']:.4f} "
-                           f"(best {best_val_loss:.4f}), corridor {occupancy:.0%} γ̄ {gamma_mean:+.3f} δ̄ {delta_mean:.3f}")
+                tqdm.write(f"eval {iter_num}: train {losses['train']:.4f}, val {losses['val']:.4f} (best "
+                           f"{progress['best_val_loss']:.4f}), corridor {occupancy:.0%} γ̄ {gamma_mean:+.3f} δ̄ {delta_mean:.3f}")
+                entry = dict(iter=iter_num, tokens=progress['tokens_seen'], train_loss=losses['train'],
+                             val_loss=losses['val'], best_val_loss=progress['best_val_loss'], lr=lr,
+                             gamma=gamma.tolist(), delta=delta.tolist(), c_I=coefficients[..., 0].tolist(),
+                             c_P=coefficients[..., 1].tolist())
+                if cfg.walk_interval and iter_num % cfg.walk_interval == 0:
+                    entry['walk'] = walk_geometry(raw_model, walk_idx)
                 with open(log_path, 'a') as f:
-                    f.write(json.dumps(dict(
-                        iter=iter_num, tokens=tokens_seen, train_loss=losses['train'], val_loss=losses['val'],
-                        best_val_loss=best_val_loss, lr=lr, gamma=gamma.tolist(), delta=delta.tolist(),
-                        c_I=coefficients[..., 0].tolist(), c_P=coefficients[..., 1].tolist())) + '\n')
-                if iter_num > 0 and (improved or cfg.always_save_checkpoint):
-                    save_checkpoint(checkpoint(), ckpt_path)
+                    f.write(json.dumps(entry) + '\n')
+                if wandb:
+                    wandb.log(wandb_metrics(entry, occupancy), step=iter_num)
+                paths = [ckpt_path] if iter_num > 0 and (improved or cfg.always_save_checkpoint) else []
                 if cfg.snapshot_interval and iter_num % cfg.snapshot_interval == 0:
-                    save_checkpoint(checkpoint(), os.path.join(cfg.out_dir, f'ckpt_{iter_num:07d}.pt'))
+                    paths.append(os.path.join(cfg.out_dir, f'ckpt_{iter_num:07d}.pt'))
+                for path in paths:
+                    save_checkpoint(checkpoint_state(raw_model, optimizer, scaler, cfg, data.meta, progress, data_rng,
+                                                     device), path)
+            window.update(t0=time.time(), timed=0)  # tokens/s and MFU count training steps only
         if iter_num >= cfg.max_iters:
             break
         if stop:
             if master:
-                save_checkpoint(checkpoint(), ckpt_path)
+                save_checkpoint(checkpoint_state(raw_model, optimizer, scaler, cfg, data.meta, progress, data_rng,
+                                                 device), ckpt_path)
                 tqdm.write(f"stopped at iter {iter_num}; continue with --init_from=resume --out_dir={cfg.out_dir}")
             break
 
         # one optimizer step on the global batch, micro_steps micro-batches of it in this process
-        t0 = time.time()
-        offsets = draw_offsets('train', cfg.gradient_accumulation_steps, data_rng)[rank * micro_steps:]
-        loss_sum = torch.zeros((), device=device)
-        x, y = get_batch('train', offsets[0])
+        offsets = data.offsets('train', cfg.gradient_accumulation_steps, data_rng)[rank * micro_steps:]
+        x, y = data.batch('train', offsets[0])
         for micro_step in range(micro_steps):
             if ddp:  # all-reduce gradients on the last micro-step only
                 model.require_backward_grad_sync = micro_step == micro_steps - 1
@@ -391,9 +502,9 @@ def main(argv):
                 _, loss = model(x, y)
                 loss = loss / micro_steps
             if micro_step + 1 < micro_steps:
-                x, y = get_batch('train', offsets[micro_step + 1])  # loaded while the device computes
+                x, y = data.batch('train', offsets[micro_step + 1])  # loaded while the device computes
             scaler.scale(loss).backward()
-            loss_sum += loss.detach()
+            window['loss'] += loss.detach()
         if cfg.grad_clip:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -401,31 +512,62 @@ def main(argv):
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
-        tokens_seen += tokens_per_iter
+        progress.update(iter_num=iter_num, tokens_seen=progress['tokens_seen'] + tokens_per_iter)
+        window['iters'] += 1
+        bar.update(1)
+        if iter_num == start_iter + 1:  # the first step compiles: the timing starts after it
+            window.update(t0=synchronized_time(device), timed=0)
+        else:
+            window['timed'] += 1
 
-        # the loss averaged over processes, and whether any was asked to stop: one small all-reduce
-        shared = all_reduce_sum(torch.stack([loss_sum.float(), torch.tensor(float(signal_seen), device=device)]))
-        lossf, stop = shared[0].item() / world, shared[1].item() > 0  # .item() waits for the device: t0 is fair
-        time_since_log += time.time() - t0
+        # The device runs ahead of the host between log lines; here they meet: the loss of the window, averaged
+        # over processes, and whether any process was asked to stop (one small all-reduce). Without DDP a stop
+        # request is honoured at the next iteration; under DDP at the next log line, the same iteration everywhere.
+        if iter_num % cfg.log_interval and not (stop_request.seen and not ddp) and iter_num != cfg.max_iters:
+            continue
+        shared = torch.stack([window['loss'].float(), torch.tensor(float(stop_request.seen), device=device)])
+        if ddp:
+            dist.all_reduce(shared, op=dist.ReduceOp.SUM)
+        lossf, stop = shared[0].item() / world / window['iters'], shared[1].item() > 0
         if not math.isfinite(lossf):
             raise TrainingStopped(f"loss is {lossf} at iter {iter_num}; stopped, {ckpt_path} holds the last good "
                                   f"state (try a lower learning_rate, or bfloat16 instead of float16)")
-        bar.update(1)
-        iters_since_log += 1
-        loss_since_log += lossf
-        if iter_num % cfg.log_interval == 0 and master:
-            dt = time_since_log / iters_since_log
-            tokens_per_sec = tokens_per_iter / dt
-            # MFU per device: each process computes 1/world of the tokens against one device's peak
-            mfu = f", mfu {raw_model.flops_per_token(cfg.block_size) * tokens_per_sec / world / peak:.1%}" if peak else ''
+        if master and iter_num % cfg.log_interval == 0:
+            dt = (time.time() - window['t0']) / window['timed'] if window['timed'] > 0 else None
             occupancy, gamma_mean, delta_mean = corridor_summary(raw_model.operator_coefficients())
-            tqdm.write(f"iter {iter_num}: loss {loss_since_log / iters_since_log:.4f}, lr {lr:.2e}, "
-                       f"{tokens_per_sec:,.0f} tok/s{mfu}, {dt * 1000:.0f} ms/iter, "
+            speed = ''
+            if dt:  # MFU per device: each process computes 1/world of the tokens against one device's peak
+                mfu = raw_model.flops_per_token(cfg.block_size) * tokens_per_iter / dt / world / peak if peak else None
+                speed = f", {tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {mfu:.1%}" if mfu else '') + f", {dt * 1000:.0f} ms/iter"
+            tqdm.write(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}{speed}, "
                        f"corridor {occupancy:.0%} γ̄ {gamma_mean:+.3f} δ̄ {delta_mean:.3f}")
-            time_since_log, iters_since_log, loss_since_log = 0.0, 0, 0.0
+            if wandb:
+                wandb.log({'train/loss_window': lossf, 'lr': lr}, step=iter_num)
+        window.update(loss=torch.zeros((), device=device), iters=0, timed=0, t0=time.time())
     bar.close()
+    if wandb:
+        wandb.finish()
     if ddp:
         dist.destroy_process_group()
+
+
+def synchronized_time(device):
+    if device.startswith('cuda'):
+        torch.cuda.synchronize(device)
+    return time.time()
+
+
+def wandb_metrics(entry, occupancy):
+    """A log.jsonl entry as flat wandb metrics: losses, lr, tokens, every head's γ/δ/c_I/c_P, the walk geometry."""
+    metrics = {'train/loss': entry['train_loss'], 'val/loss': entry['val_loss'], 'val/best': entry['best_val_loss'],
+               'lr': entry['lr'], 'tokens': entry['tokens'], 'corridor/occupancy': occupancy}
+    for key in ('gamma', 'delta', 'c_I', 'c_P'):
+        for layer, heads in enumerate(entry[key]):
+            metrics.update({f'{key}/L{layer}H{head}': value for head, value in enumerate(heads)})
+    for part, diagnostics in entry.get('walk', {}).items():
+        for key, values in diagnostics.items():
+            metrics.update({f'walk_{part}/{key}/L{layer}': value for layer, value in enumerate(values)})
+    return metrics
 
 
 if __name__ == '__main__':

@@ -3,6 +3,7 @@ one line and overwrites nothing."""
 
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -62,7 +63,8 @@ def test_resume_logs_the_same_losses_bit_for_bit(tiny_data_root, tmp_path):
 
 
 def test_ctrl_c_saves_at_an_iteration_boundary_and_resume_matches_the_uninterrupted_run(tiny_data_root, tmp_path):
-    common = ['--operator=corridor', '--eval_interval=50', '--lr_decay_iters=200', '--max_iters=200']
+    # long enough (~2 s of training) that the signal lands in the middle of the run, not after its end
+    common = ['--operator=corridor', '--eval_interval=50', '--lr_decay_iters=1000', '--max_iters=1000']
     whole, stopped = tmp_path / 'whole', tmp_path / 'stopped'
     assert train(tiny_data_root, whole, *common).returncode == 0
     process = subprocess.Popen([sys.executable, str(REPO / 'train.py'), *TINY_TRAIN_ARGS, *common,
@@ -78,7 +80,7 @@ def test_ctrl_c_saves_at_an_iteration_boundary_and_resume_matches_the_uninterrup
     assert process.returncode == 0, stderr[-2000:]
     assert 'stopped at iter' in stdout
     stopped_at = torch.load(stopped / 'ckpt.pt', weights_only=True)['iter_num']
-    assert 0 < stopped_at < 200
+    assert 0 < stopped_at < 1000
     result = run_script('train.py', '--init_from=resume', f'--out_dir={stopped}', cwd=tiny_data_root)
     assert result.returncode == 0, result.stderr[-2000:]
     assert read_log(stopped) == read_log(whole)
@@ -167,9 +169,33 @@ def finished_run(tiny_data_root, tmp_path):
     (['--warmup_iters=5', '--lr_decay_iters=5'], "lr_decay_iters=5 must exceed warmup_iters=5"),
     (['--eval_interval=0'], "eval_interval must be at least 1"),
     (['--n_layer={[1]: 2}'], "n_layer must be int"),  # not even a Python literal
+    (['--vocab_size=50304'], "pads its embedding to a multiple of 64 by itself"),  # nanoGPT's habit
+    (['--device=tpu'], "device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+    (['--device=cpu:1'], "device must be"),
+    (['--eval_interval=10', '--walk_interval=15'], "walk_interval=15 must be a multiple of eval_interval=10"),
 ])
 def test_bad_config_is_one_line_and_writes_nothing(tiny_data_root, tmp_path, args, message):
     result = train(tiny_data_root, tmp_path / 'out', '--max_iters=5', *args)
+    assert_one_line_error(result, message)
+    assert not (tmp_path / 'out').exists()
+
+
+@pytest.mark.parametrize('damage,message', [
+    ('meta', "is not a meta.json written by prepare.py"),
+    ('odd', "not a whole number of uint16 tokens"),
+])
+def test_damaged_data_is_one_line(tiny_data_root, tmp_path, damage, message):
+    data = tmp_path / 'data' / 'tiny'
+    data.mkdir(parents=True)
+    for name in ('meta.json', 'train.bin', 'val.bin'):
+        (data / name).write_bytes((tiny_data_root / 'tiny' / name).read_bytes())
+    if damage == 'meta':
+        (data / 'meta.json').write_text('{"vocab_size": 30, "tokeni')
+    else:
+        with open(data / 'train.bin', 'ab') as f:
+            f.write(b'\0')  # half a token
+    result = run_script('train.py', *TINY_TRAIN_ARGS, f'--data_root={tmp_path / "data"}', f'--out_dir={tmp_path / "out"}',
+                        cwd=tmp_path)
     assert_one_line_error(result, message)
     assert not (tmp_path / 'out').exists()
 
@@ -226,19 +252,214 @@ CONFIGS = sorted(p for p in (REPO / 'configs').glob('*.py') if not p.name.starts
 
 
 @pytest.mark.parametrize('path', CONFIGS, ids=[p.stem for p in CONFIGS])
-def test_every_config_file_is_a_valid_run(path, monkeypatch):
+def test_every_config_file_is_a_valid_run_with_every_sweep_variant(path, monkeypatch):
+    from sweep import VARIANTS, parse_variant
     monkeypatch.chdir(REPO)
     config = parse_config(DEFAULTS, [str(path.relative_to(REPO))])
     assert config['out_dir'] != DEFAULTS['out_dir'], "each config writes its own run folder"
-    model_config({**config, 'vocab_size': 50257})  # raises on an impossible operator combination
-    form = path.stem.split('_', 2)[-1].replace('124m_', '').replace('350m_', '')
-    expected = {'attention': 'attention', 'corridor': 'corridor', 'gamma_nonneg': 'corridor',
-                'fixed_gamma': 'corridor', 'laplacian': 'laplacian', 'alpha': 'alpha', 'alpha_beta': 'alpha_beta'}
-    assert config['operator'] == expected[form]
-    if form == 'fixed_gamma':
-        assert (config['gamma_init'], config['learn_gamma'], config['learn_delta']) == (-0.5, False, False)
-    if form == 'gamma_nonneg':
-        assert config['gamma_nonneg']
+    assert config['operator'] == 'attention'  # the variants are sweep.py's, one definition each
+    for name in VARIANTS:
+        keys = parse_variant(name)[1]
+        varied = parse_config(DEFAULTS, [str(path.relative_to(REPO)), *(f'--{k}={v!r}' for k, v in keys.items())])
+        model = model_config({**varied, 'vocab_size': 50257})  # raises on an impossible operator combination
+        assert all(getattr(model, k) == v for k, v in keys.items())
     if path.name.startswith('owt'):  # ~0.5M tokens per iteration on one GPU
         tokens = config['batch_size'] * config['block_size'] * config['gradient_accumulation_steps']
         assert 480_000 <= tokens <= 530_000
+
+
+def test_every_operator_default_is_the_models_own():
+    from dataclasses import fields
+    from model import GPTConfig
+    from train import OPERATOR_KEYS
+    defaults = {f.name: f.default for f in fields(GPTConfig)}
+    assert {k: DEFAULTS[k] for k in OPERATOR_KEYS} == {k: defaults[k] for k in OPERATOR_KEYS}
+    assert set(OPERATOR_KEYS) == set(defaults) - {'block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd',
+                                                  'dropout', 'bias'}
+
+
+# ---------------------------------------------------------------------------------------------- two runs, one folder
+
+def test_a_second_run_into_a_live_run_folder_is_refused_and_the_first_run_is_untouched(tiny_data_root, tmp_path):
+    out = tmp_path / 'out'
+    first = subprocess.Popen([sys.executable, str(REPO / 'train.py'), *TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}',
+                              f'--out_dir={out}', '--max_iters=3000', '--lr_decay_iters=3000', '--eval_interval=100'],
+                             cwd=tiny_data_root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):  # until the first checkpoint (iter 100) exists: then a resume has something to read
+            if (out / 'ckpt.pt').exists():
+                break
+            time.sleep(0.1)
+        resume = run_script('train.py', '--init_from=resume', f'--out_dir={out}', cwd=tiny_data_root)
+        assert_one_line_error(resume, 'is in use by a run that is still training', f'pid {first.pid}')
+        fresh = train(tiny_data_root, out, '--max_iters=10', '--overwrite=True')
+        assert_one_line_error(fresh, 'is in use by a run that is still training')
+        assert first.poll() is None  # still training
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=120)
+    assert first.returncode == 0
+    iters = [e['iter'] for e in read_log(out)]
+    assert iters == sorted(set(iters)) and iters[0] == 0  # one run's log: no duplicated, interleaved iterations
+    result = run_script('train.py', '--init_from=resume', f'--out_dir={out}', '--max_iters=' + str(iters[-1] + 100),
+                        cwd=tiny_data_root)  # the lock went with the process
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------- geometry, wandb
+
+def test_walk_interval_logs_per_layer_geometry_and_changes_nothing_else(tiny_data_root, tmp_path):
+    common = ['--operator=corridor', '--init_spread=0.2', '--max_iters=40', '--lr_decay_iters=40', '--eval_interval=10',
+              '--dropout=0.1']  # dropout: the geometry must not draw from the training's random numbers
+    assert train(tiny_data_root, tmp_path / 'plain', *common).returncode == 0
+    result = train(tiny_data_root, tmp_path / 'walk', *common, '--walk_interval=20', '--walk_seqs=4')
+    assert result.returncode == 0, result.stderr[-2000:]
+    plain, walk = read_log(tmp_path / 'plain'), read_log(tmp_path / 'walk')
+    assert [{k: v for k, v in e.items() if k != 'walk'} for e in walk] == plain  # bit for bit
+    assert [e['iter'] for e in walk if 'walk' in e] == [0, 20, 40]
+    for entry in (e for e in walk if 'walk' in e):
+        assert set(entry['walk']) == {'attention', 'operator'}  # a corridor run: both parts
+        for part in entry['walk'].values():
+            assert len(part['drift']) == 1 and len(part['delta_orth']) == 2  # 2 layers
+            assert part['delta_orth_trace'] == pytest.approx([x / math.sqrt(32) for x in part['delta_orth']])
+            assert all(math.isfinite(x) for values in part.values() for x in values)
+    assert walk[-1]['walk']['operator'] != walk[-1]['walk']['attention']
+
+
+def read_wandb_history(run_file):
+    """The history rows of an offline wandb run file: Record protobufs in LevelDB's log framing (7-byte file
+    header; records of crc32, little-endian length, type, then data, in 32 KiB blocks)."""
+    from wandb.proto import wandb_internal_pb2
+    data, pos, block, pending, rows = run_file.read_bytes(), 7, 32768, b'', []
+    assert data[:4] == b':W&B'
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's trailer is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], 'little'), data[pos + 6]
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a FULL record, or the LAST fragment of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b''
+            if record.WhichOneof('record_type') == 'history':
+                rows.append({item.key or '/'.join(item.nested_key): json.loads(item.value_json)  # 'a/b': nested
+                             for item in record.history.item})
+    return rows
+
+
+def test_wandb_log_records_what_log_jsonl_records(tiny_data_root, tmp_path):
+    pytest.importorskip('wandb')
+    out = tmp_path / 'out'
+    result = run_script('train.py', *TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', f'--out_dir={out}',
+                        '--operator=corridor', '--max_iters=20', '--lr_decay_iters=20', '--eval_interval=10',
+                        '--walk_interval=10', '--walk_seqs=2', '--wandb_log=True', '--wandb_run_name=tiny',
+                        cwd=tiny_data_root, env=dict(WANDB_MODE='offline', WANDB_SILENT='true'))
+    assert result.returncode == 0, result.stderr[-2000:]
+    run_files = list(out.glob('wandb/offline-run-*/run-*.wandb'))
+    assert len(run_files) == 1
+    rows = {row['_step']: row for row in read_wandb_history(run_files[0]) if 'val/loss' in row}
+    log = read_log(out)
+    assert sorted(rows) == [e['iter'] for e in log] == [0, 10, 20]
+    for entry in log:
+        row = rows[entry['iter']]
+        assert row['val/loss'] == entry['val_loss'] and row['train/loss'] == entry['train_loss']
+        assert row['tokens'] == entry['tokens'] and row['lr'] == pytest.approx(entry['lr'])
+        for layer in range(2):
+            for head in range(2):
+                assert row[f'gamma/L{layer}H{head}'] == entry['gamma'][layer][head]
+                assert row[f'delta/L{layer}H{head}'] == entry['delta'][layer][head]
+        assert row['walk_operator/delta_orth/L1'] == entry['walk']['operator']['delta_orth'][1]
+
+
+def test_wandb_log_without_wandb_is_one_line(tiny_data_root, tmp_path):
+    fake = tmp_path / 'fake'  # a wandb that cannot be imported
+    (fake / 'wandb').mkdir(parents=True)
+    (fake / 'wandb' / '__init__.py').write_text('raise ImportError("no wandb here")')
+    result = run_script('train.py', *TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', f'--out_dir={tmp_path / "out"}',
+                        '--max_iters=5', '--wandb_log=True', cwd=tiny_data_root, env=dict(PYTHONPATH=str(fake)))
+    assert_one_line_error(result, 'wandb_log=True needs the wandb package: pip install wandb')
+
+
+# ---------------------------------------------------------------------------------------------- GPU path, on CPU
+
+@pytest.mark.parametrize('capability,expected', [((7, 0), 'float16'), ((7, 5), 'float16'), ((8, 0), 'bfloat16'),
+                                                 ((9, 0), 'bfloat16')])
+def test_auto_dtype_is_bfloat16_only_where_the_gpu_computes_it_natively(monkeypatch, capability, expected):
+    from train import resolve_dtype
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda including_emulation=True: True)  # a V100 says yes
+    assert resolve_dtype('auto', 'cuda:0') == expected
+    assert resolve_dtype('auto', 'cpu') == 'float32' and resolve_dtype('float16', 'cpu') == 'float16'
+
+
+def test_ddp_with_fewer_eval_batches_than_processes_finishes(tiny_data_root, tmp_path):
+    """eval_iters=1 under 2 processes: one evaluates, the other has no share and must not wait for it."""
+    env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK')}
+    ddp = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                          str(REPO / 'train.py'), *TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}',
+                          f'--out_dir={tmp_path / "ddp"}', '--operator=laplacian',  # fixed buffers
+                          '--max_iters=6', '--eval_interval=2', '--eval_iters=1', '--lr_decay_iters=6',
+                          '--gradient_accumulation_steps=2'],
+                         cwd=tiny_data_root, capture_output=True, text=True, env={**env, 'OMP_NUM_THREADS': '1'},
+                         timeout=300)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert [e['iter'] for e in read_log(tmp_path / 'ddp')] == [0, 2, 4, 6]
+
+
+def test_a_resumed_run_lets_go_of_the_checkpoint_before_training(tiny_data_root, finished_run, monkeypatch):
+    """The loaded checkpoint (a host copy of the weights and optimizer moments: GBs at GPT-2 size, per process)
+    is no longer referenced once training starts."""
+    import gc
+    import weakref
+    import train as train_module
+
+    class Checkpoint(dict):
+        pass
+    loaded, alive_at_saves = [], []
+
+    def load(path, map_location='cpu'):
+        ckpt = Checkpoint(torch.load(path, map_location=map_location, weights_only=True))
+        loaded.append(weakref.ref(ckpt))
+        return ckpt
+
+    def save(obj, path):
+        gc.collect()
+        alive_at_saves.append(loaded[0]() is not None)
+    monkeypatch.setattr(train_module, 'load_checkpoint', load)
+    monkeypatch.setattr(train_module, 'save_checkpoint', save)
+    monkeypatch.setattr(signal, 'signal', lambda *args: None)  # in-process: leave pytest's handlers alone
+    train_module.main(['--init_from=resume', f'--out_dir={finished_run}', '--max_iters=30'])
+    assert len(loaded) == 1 and alive_at_saves and not any(alive_at_saves)
+
+
+# ---------------------------------------------------------------------------------------------- a sixth operator
+
+def test_a_sixth_operator_is_one_table_entry(tiny_data_root, tmp_path, monkeypatch):
+    """The README's "How to add an operator", as written: one OPERATORS entry, then train it, sweep it."""
+    import model
+    import sweep
+    import train as train_module
+    bounded = model.OperatorForm(  # γ = tanh(θ) stays inside (−1, 1), δ = 1
+        params=('theta',), learnable=True,
+        init=lambda gamma0, delta0, config: (torch.atanh(gamma0),),
+        coefficients=lambda theta: (torch.tanh(theta), torch.ones_like(theta)))
+    monkeypatch.setitem(model.OPERATORS, 'bounded', bounded)
+    monkeypatch.setitem(sweep.VARIANTS, 'bounded', lambda: dict(operator='bounded'))
+    monkeypatch.setattr(signal, 'signal', lambda *args: None)  # in-process: leave pytest's handlers alone
+    torch.manual_seed(0)
+    net = model.GPT(model.GPTConfig(block_size=8, vocab_size=20, n_layer=2, n_head=2, n_embd=8, operator='bounded',
+                                    gamma_init=-0.3, init_spread=0.2)).eval()
+    idx = torch.randint(0, 20, (2, 8))
+    torch.testing.assert_close(net(idx)[0], net.forward_with_probs(idx)[0])  # both paths, no other change
+    gamma, delta = model.gamma_delta(net.operator_coefficients())
+    assert ((gamma > -0.5) & (gamma < -0.1)).all() and (delta == 1).all()
+    out = tmp_path / 'bounded'
+    args = sweep.parse_variant('bounded')[1]
+    train_module.main([*TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', f'--out_dir={out}', '--max_iters=2',
+                       '--eval_interval=2', *(f'--{k}={v}' for k, v in args.items()), '--gamma_init=-0.2'])
+    log = read_log(out)
+    assert [e['iter'] for e in log] == [0, 2]
+    assert log[0]['gamma'] != log[1]['gamma']  # θ learnt in two steps
+    assert all(-1 < g < 0 for row in log[1]['gamma'] for g in row)
