@@ -7,8 +7,9 @@ and run comparisons. (The sweep's statistics live in sweep.py, the connection-wa
     python analyze.py out-a out-b out-c --out comparison          # each run, plus the runs compared
 
 Per run (RUN/analysis/, or OUT/<run>/): corridor.json, summary.md, occupancy.png, gamma_delta.png,
-evolution.png (γ and δ of every head against tokens seen), loss.png. With several runs, OUT (default
-./comparison) gets the same plots across runs and a summary.md with final losses.
+evolution.png (γ and δ of every head against tokens seen), loss.png, and for a run trained with walk_interval
+walk.png (the connection-walk geometry of every layer against tokens seen, γ beside it). With several runs, OUT
+(default ./comparison) gets the same plots across runs and a summary.md with final losses.
 
 The corridor is the open interval −1 < γ < 0 (model.in_corridor, as in the training log): a head at γ = 0
 counts as "above" (plain scaled attention), one at γ = −1 as "below" (a pure scaled Laplacian).
@@ -166,6 +167,66 @@ def plot_losses(curves, path, title):
     return save(fig, path)
 
 
+# ------------------------------------------------------------------------------------ walk geometry over training
+
+# what plot_walk_evolution draws from the log's 'walk' entries (train.py's walk_interval): key, axis title
+WALK_PANELS = (('drift', 'drift to the next layer'), ('delta_orth', 'δ_orth'), ('a_eff_fro', '‖A_eff‖_F'),
+               ('gram_ratio', 'Ḡ diagonal / off-diagonal (mean abs)'))
+
+
+def walk_series(log, part, key):
+    """(tokens [E], values [E, layers]) of one logged walk diagnostic over the evaluations that have it;
+    gram_ratio is Ḡ's mean |diagonal| over its mean |off-diagonal|. None when the log has none."""
+    entries = [e for e in log if part in e.get('walk', {})]
+    if not entries:
+        return None
+    if key == 'gram_ratio':
+        values = [[a / b for a, b in zip(e['walk'][part]['gram_diag_mean'], e['walk'][part]['gram_offdiag_mean'])]
+                  for e in entries]
+    else:
+        values = [e['walk'][part][key] for e in entries]
+    return torch.tensor([e['tokens'] for e in entries], dtype=torch.float64), torch.tensor(values, dtype=torch.float64)
+
+
+def plot_walk_evolution(groups, path, title):
+    """groups: {label: [log, ...]} (e.g. a variant's seeds). Every walk diagnostic against tokens seen, one column
+    per layer, the mean γ of the layer's heads in the last row; one colour per group, one thin line per log;
+    the attention part solid, the full operator c_I·I + c_P·P dashed."""
+    n_layer = len(next(iter(groups.values()))[0][-1]['gamma'])
+    rows = len(WALK_PANELS) + 1
+    fig, axes = plt.subplots(rows, n_layer, figsize=(3.1 * n_layer, 2.2 * rows), sharex=True, squeeze=False)
+    for color, (label, logs) in enumerate(groups.items()):
+        for k, log in enumerate(logs):
+            for row, (key, name) in enumerate(WALK_PANELS):
+                for part, style in (('attention', '-'), ('operator', '--')):
+                    series = walk_series(log, part, key)
+                    if series is None:
+                        continue
+                    tokens, values = series
+                    for layer in range(values.shape[1]):
+                        axes[row][layer].plot((tokens / 1e6).tolist(), values[:, layer].tolist(), style, lw=1,
+                                              color=f'C{color}', alpha=0.8,
+                                              label=f'{label}{"" if part == "attention" else " (operator)"}'
+                                              if k == 0 and layer == 0 else None)
+                axes[row][0].set_ylabel(name, fontsize=8)
+            gamma = torch.tensor([e['gamma'] for e in log]).mean(-1)  # [evals, layers]
+            for layer in range(n_layer):
+                axes[-1][layer].plot([e['tokens'] / 1e6 for e in log], gamma[:, layer].tolist(), lw=1,
+                                     color=f'C{color}', alpha=0.8)
+    axes[-1][0].set_ylabel('mean γ of the layer', fontsize=8)
+    for layer in range(n_layer):
+        axes[0][layer].set_title(f'layer {layer}', fontsize=9)
+        axes[-1][layer].set_xlabel('tokens seen (millions)')
+        axes[-1][layer].axhline(0, color='black', lw=0.6)
+    axes[0][-1].text(0.5, 0.5, 'the last layer\nhas no next layer', ha='center', va='center', fontsize=8,
+                     transform=axes[0][-1].transAxes)
+    axes[0][-1].set_yticks([])
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(f'{title}: connection-walk geometry during training (solid: attention part, dashed: full operator)',
+                 fontsize=10)
+    return save(fig, path)
+
+
 # ---------------------------------------------------------------------------------------------- one or more runs
 
 def analyze_run(run, out):
@@ -186,6 +247,8 @@ def analyze_run(run, out):
         plot_losses({'train': ([e['tokens'] for e in run['log']], [e['train_loss'] for e in run['log']]),
                      'val': ([e['tokens'] for e in run['log']], [e['val_loss'] for e in run['log']])},
                     os.path.join(out, 'loss.png'), f"{run['name']}: loss")
+        if any('walk' in e for e in run['log']):
+            plot_walk_evolution({run['name']: [run['log']]}, os.path.join(out, 'walk.png'), run['name'])
     table = layer_table(report)
     header = f"# {run['name']}: operator {report['operator']}, iter {run['iter']}\n\n"
     with open(os.path.join(out, 'summary.md'), 'w') as f:
@@ -201,6 +264,9 @@ def compare_runs(runs, reports, out):
     plot_gamma_delta({r['name']: (r['gamma'], r['delta']) for r in runs}, os.path.join(out, 'gamma_delta.png'))
     plot_losses({r['name']: ([e['tokens'] for e in r['log']], [e['val_loss'] for e in r['log']]) for r in runs if r['log']},
                 os.path.join(out, 'val_loss.png'), 'validation loss')
+    walked = {r['name']: [r['log']] for r in runs if any('walk' in e for e in r['log'])}
+    if walked:
+        plot_walk_evolution(walked, os.path.join(out, 'walk.png'), 'runs compared')
     rows = ["| run | operator | iter | final val loss | best val loss | corridor occupancy |", "|---|---|---|---|---|---|"]
     for r in runs:
         final = r['log'][-1]['val_loss'] if r['log'] else float('nan')

@@ -129,6 +129,7 @@ CLAIMS = ('attention', 'corridor', 'gamma_nonneg', 'fixed_gamma', 'laplacian', '
 FIXED_GAMMAS = (-0.05, -0.1, -0.2, -0.3, -0.5, -0.7, -0.9)
 FIXED_GAMMA = ('attention', 'corridor', *(f'fixed_gamma={g}' for g in FIXED_GAMMAS))
 DYNAMICS = ('attention', 'corridor', 'corridor_lr', 'corridor_spread', 'corridor_spread_lr')
+GEOMETRY = ('attention', 'corridor', 'fixed_gamma=-0.1', 'fixed_gamma')  # the runs carry walk_interval's geometry
 
 
 STUDIES = {
@@ -155,6 +156,12 @@ STUDIES = {
                Part('wikitext2/small-long', ('attention', 'corridor', 'corridor_lr'), 1)),
         gpu_parts=(Part('openwebtext/gpt2_124m-long', DYNAMICS, 1),),
         figures='gamma_dynamics_figures'),
+    'geometry': Study(
+        "The two papers joined: does the corridor change the connection walk (drift, δ_orth, ‖A_eff‖_F, Gram "
+        "dominance) beyond the seed spread, and does the change track γ during training?",
+        parts=tuple(Part(s, GEOMETRY, 3) for s in ('shakespeare_char/small', 'wikitext2_char/small')),
+        gpu_parts=(Part('openwebtext/gpt2_124m', GEOMETRY, 3),),
+        figures='geometry_figures'),
 }
 
 
@@ -269,7 +276,7 @@ def summarize(loaded, variants):
                      gamma_mean=statistics.fmean(loaded[(variant, s)]['gamma'].mean().item() for s in seeds),
                      delta_mean=statistics.fmean(loaded[(variant, s)]['delta'].mean().item() for s in seeds),
                      params=loaded[(variant, seeds[0])]['params'], tokens=loaded[(variant, seeds[0])]['log'][-1]['tokens'],
-                     learnable=loaded[(variant, seeds[0])]['config']['operator'] != 'attention')
+                     operator_scalars=loaded[(variant, seeds[0])]['config']['operator'] != 'attention')
         if variant != 'attention':
             paired = [s for s in seeds if ('attention', s) in final]
             entry['vs_attention'] = paired_verdict([final[(variant, s)] - final[('attention', s)] for s in paired])
@@ -293,7 +300,7 @@ def table(summary):
         diff = e.get('vs_attention')
         cells = [variant, str(len(e['seeds'])), f"{e['mean']:.4f} ± {e['std']:.4f}",
                  f"{diff[0]:+.4f} ± {diff[1]:.4f}" if diff else '–', diff[2] if diff else '–']
-        if e['learnable']:
+        if e['operator_scalars']:
             cells += [f"{e['gamma_mean']:+.3f}, {e['delta_mean']:.3f}", f"{e['occupancy']:.0%}",
                       *(f'{x:.0%}' for x in e['occupancy_by_layer'])]
         else:
@@ -348,7 +355,7 @@ def setting_figures(setting, loaded, summary, out):
     variants = list(summary)
     plot_sweep_losses(loaded, variants, os.path.join(folder, 'val_loss.png'), setting)
     learnable = {v: dict(layers=[dict(layer=i, occupancy=x) for i, x in enumerate(e['occupancy_by_layer'])])
-                 for v, e in summary.items() if e['learnable']}
+                 for v, e in summary.items() if e['operator_scalars']}
     if learnable:
         plot_occupancy(learnable, os.path.join(folder, 'occupancy.png'))
     for v in variants:
@@ -456,7 +463,7 @@ def gamma_dynamics_figures(results, out):
              "| setting | variant | seed | γ̄ layer 0 | γ̄ layers ≥ 1 | γ range | in corridor, layer 0 | layers ≥ 1 | "
              "mean |Δγ| over the last quarter | val − attention |", '|---|---|---|---|---|---|---|---|---|---|']
     for setting, (loaded, summary) in results.items():
-        learnable = [v for v in summary if summary[v]['learnable']]
+        learnable = [v for v in summary if summary[v]['operator_scalars']]
         fig, axes = plt.subplots(2, max(1, len(learnable)), figsize=(4 * max(1, len(learnable)), 6.4), squeeze=False)
         for col, v in enumerate(learnable):
             for s in summary[v]['seeds']:
@@ -489,6 +496,78 @@ def gamma_dynamics_figures(results, out):
         name = f"gamma_dynamics_{setting.replace('/', '_')}.png"
         save(fig, os.path.join(out, name))
         lines += ['', f'![γ dynamics, {setting}]({name})', '']
+    return lines
+
+
+def geometry_figures(results, out):
+    """The connection walk of every variant against attention's, paired by seed: per depth regime at the end of
+    training (the attention part, and the full operator c_I·I + c_P·P), during training, and against γ."""
+    from analyze import WALK_PANELS, plot_walk_evolution, plt, save, walk_series
+    from walk import depth_regimes
+    lines = ["### The connection walk against attention's", '',
+             "Final evaluation, per depth regime (initial 20 % of layers, middle, final 20 %): attention's value "
+             "(mean over seeds) and each variant's difference to it, paired by seed, for the attention part P of "
+             "the variant and for its full operator c_I·I + c_P·P. r: correlation over evaluations and seeds "
+             "between the learnable corridor's difference (full operator, all layers) and its mean γ.", '']
+    for setting, (loaded, summary) in results.items():
+        variants = [v for v in summary if v != 'attention' and ('attention', summary[v]['seeds'][0]) in loaded]
+        if 'attention' not in summary or walk_series(loaded[('attention', summary['attention']['seeds'][0])]['log'],
+                                                     'attention', 'drift') is None:
+            lines += [f"{setting}: no walk geometry logged (train with walk_interval)", '']
+            continue
+
+        def final(v, s, part, key):  # regime means of one run's last logged walk
+            series = walk_series(loaded[(v, s)]['log'], part if summary[v]['operator_scalars'] else 'attention', key)
+            return depth_regimes(series[1][-1].tolist())
+
+        header = "| diagnostic | regime | attention | " + ' | '.join(f"{v}: P | {v}: operator" for v in variants) + ' |'
+        lines += [f"#### {setting}", '', header, '|---|---|---|' + '---|---|' * len(variants)]
+        for key, name in WALK_PANELS:
+            for regime in ('initial', 'middle', 'final'):
+                base = {s: final('attention', s, 'attention', key)[regime] for s in summary['attention']['seeds']}
+                if any(b is None for b in base.values()):
+                    continue
+                cells = [f"{statistics.fmean(base.values()):.4g}"]
+                for v in variants:
+                    for part in ('attention', 'operator'):
+                        diffs = [final(v, s, part, key)[regime] - base[s] for s in summary[v]['seeds'] if s in base]
+                        mean, std, verdict = paired_verdict(diffs)
+                        cells.append(f"{mean:+.3g} ± {std:.2g} {verdict}")
+                lines.append(f"| {name} | {regime} | " + ' | '.join(cells) + ' |')
+        lines.append('')
+
+        # the learnable corridor's difference to attention, evaluation by evaluation, against its mean γ
+        fig, axes = plt.subplots(1, len(WALK_PANELS), figsize=(4 * len(WALK_PANELS), 3.4), squeeze=False)
+        correlations = []
+        for col, (key, name) in enumerate(WALK_PANELS):
+            ax, pooled = axes[0][col], []
+            for v in variants:
+                for s in summary[v]['seeds']:
+                    _, ours = walk_series(loaded[(v, s)]['log'], 'operator' if summary[v]['operator_scalars'] else 'attention', key)
+                    _, theirs = walk_series(loaded[('attention', s)]['log'], 'attention', key)
+                    gamma = torch.tensor([e['gamma'] for e in loaded[(v, s)]['log'] if 'walk' in e]).mean((1, 2))
+                    diff = (ours - theirs).mean(1)  # all layers
+                    if v == 'corridor':
+                        pooled += list(zip(gamma.tolist(), diff.tolist()))
+                        ax.plot(gamma.tolist(), diff.tolist(), '.-', color='tab:red', lw=0.8,
+                                label='learnable corridor, every evaluation' if s == summary[v]['seeds'][0] else None)
+                    elif v.startswith('fixed_gamma'):
+                        ax.plot([gamma[-1].item()], [diff[-1].item()], 'o', color='tab:blue',
+                                label='fixed γ, end of training' if s == summary[v]['seeds'][0] else None)
+            if len(pooled) > 2:
+                r = torch.corrcoef(torch.tensor(pooled, dtype=torch.float64).T)[0, 1].item()
+                correlations.append(f"{name}: r = {r:+.2f}")
+            ax.axhline(0, color='black', lw=0.6)
+            ax.set_xlabel('mean γ')
+            ax.set_title(f'{name}\n(full operator) − attention', fontsize=9)
+        axes[0][0].legend(fontsize=7)
+        name = setting.replace('/', '_')
+        save(fig, os.path.join(out, f'geometry_vs_gamma_{name}.png'))
+        plot_walk_evolution({v: [loaded[(v, s)]['log'] for s in summary[v]['seeds']] for v in summary},
+                            os.path.join(out, f'geometry_{name}.png'), setting)
+        lines += [f"Does the difference track γ? {'; '.join(correlations) or 'too few evaluations'}.", '',
+                  f"![geometry during training, {setting}](geometry_{name}.png)", '',
+                  f"![geometry against γ, {setting}](geometry_vs_gamma_{name}.png)", '']
     return lines
 
 

@@ -70,10 +70,10 @@ def tiny_data_root(tmp_path_factory):
 
 @pytest.fixture(scope='session')
 def trained_run(tiny_data_root, tmp_path_factory):
-    """A finished tiny corridor run (out_dir with ckpt.pt, log.jsonl, config.json)."""
+    """A finished tiny corridor run (out_dir with ckpt.pt, log.jsonl with the walk geometry, config.json)."""
     out = tmp_path_factory.mktemp('run') / 'out'
     result = run_script('train.py', *TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', f'--out_dir={out}',
                         '--operator=corridor', '--init_spread=0.2', '--max_iters=60', '--lr_decay_iters=60',
-                        '--eval_interval=20', cwd=tiny_data_root)
+                        '--eval_interval=20', '--walk_interval=20', '--walk_seqs=4', cwd=tiny_data_root)
     assert result.returncode == 0, result.stderr[-3000:]
     return out

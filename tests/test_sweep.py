@@ -90,13 +90,14 @@ def test_studies_share_runs_and_write_every_figure(tiny_data_root, tmp_path, mon
     train_args = [arg for arg in TINY_RUN if not arg.startswith('--n_embd')]  # the settings' own
     variants = ('attention', 'corridor', 'fixed_gamma=-0.3', 'corridor_lr')
     parts = tuple(sweep.Part(s, variants, 2) for s in ('tiny/a', 'tiny/b'))
-    for figures in ('claims_figures', 'fixed_gamma_figures', 'scales_figures', 'gamma_dynamics_figures'):
+    for figures in ('claims_figures', 'fixed_gamma_figures', 'scales_figures', 'gamma_dynamics_figures',
+                    'geometry_figures'):
         monkeypatch.setitem(sweep.STUDIES, figures, sweep.Study('a test', parts, (), figures))
     monkeypatch.chdir(REPO)
     sweep.main(['--study=claims_figures', f'--out_root={tmp_path}', '--parallel=2', '--', *train_args])
     trained = {p: p.stat().st_mtime_ns for p in tmp_path.glob('tiny/*/*/ckpt.pt')}
     assert len(trained) == 16
-    for study in ('fixed_gamma_figures', 'scales_figures', 'gamma_dynamics_figures'):
+    for study in ('fixed_gamma_figures', 'scales_figures', 'gamma_dynamics_figures', 'geometry_figures'):
         sweep.main([f'--study={study}', f'--out_root={tmp_path}', '--', *train_args])
     assert {p: p.stat().st_mtime_ns for p in tmp_path.glob('tiny/*/*/ckpt.pt')} == trained  # trained once
     claims = (tmp_path / 'claims_figures' / 'report.md').read_text()
@@ -109,6 +110,11 @@ def test_studies_share_runs_and_write_every_figure(tiny_data_root, tmp_path, mon
     dynamics = (tmp_path / 'gamma_dynamics_figures' / 'report.md').read_text()
     assert dynamics.count('| tiny/a | corridor | ') == 2 and dynamics.count('| tiny/a | corridor_lr | ') == 2  # per seed
     assert (tmp_path / 'gamma_dynamics_figures' / 'gamma_dynamics_tiny_a.png').stat().st_size > 1000
+    geometry = (tmp_path / 'geometry_figures' / 'report.md').read_text()
+    assert '| δ_orth | initial |' in geometry and '| corridor: P | corridor: operator |' in geometry
+    assert 'Does the difference track γ? drift to the next layer: r = ' in geometry
+    for name in ('geometry_tiny_a.png', 'geometry_vs_gamma_tiny_b.png'):
+        assert (tmp_path / 'geometry_figures' / name).stat().st_size > 1000
     data = json.loads((tmp_path / 'scales_figures' / 'report.json').read_text())
     assert data['tiny/a']['corridor']['params'] > data['tiny/b']['corridor']['params']
 
