@@ -5,6 +5,7 @@ Operator variants × seeds trained with identical data, budget and hyperparamete
     python sweep.py --study=fixed_gamma                # any study in STUDIES: its runs, report and figures
     python sweep.py --study=scales --gpu=True          # the same study at GPT-2 scale on OpenWebText, one GPU
     python sweep.py --study=scales --report_only=True  # report the runs finished so far, train nothing
+    python sweep.py --study=scales --gpu=True --plan=True   # tokens and estimated GPU hours, train nothing
     python sweep.py --variants=attention,fixed_gamma=-0.3 --seeds=2 --out_root=sweeps/quick -- --max_iters=200
 
 A study trains every (setting, variant, seed) of its parts. A setting is a corpus, a model size and a token
@@ -177,7 +178,7 @@ def run_state(out_dir):
     return 'done' if saved['iter_num'] >= saved['config']['max_iters'] else 'partial'
 
 
-def plan_runs(parts, out_root, base, train_args):
+def plan_runs(parts, out_root, base, train_args, need_data=True):
     """{(setting, variant, seed): (out_dir, train.py arguments for a fresh run)}, every run's config checked."""
     from train import DEFAULTS
     runs = {}
@@ -195,11 +196,40 @@ def plan_runs(parts, out_root, base, train_args):
                 config = parse_config(DEFAULTS, args)  # a bad key or value fails here, before any run starts
                 model_config({**config, 'vocab_size': 256})
                 meta = os.path.join(config['data_root'], config['dataset'], 'meta.json')
-                if not os.path.isfile(meta):
+                if need_data and not os.path.isfile(meta):
                     raise UserError(f"setting {part.setting or base} needs {meta}: run `python prepare.py "
                                     f"{config['dataset']}` first (see prepare.py for offline copies)")
                 runs[(part.setting, variant, seed)] = (out_dir, args)
     return runs
+
+
+# the budget estimate's assumptions: H100 SXM dense bf16 peak, and the MFU nanoGPT-style training typically
+# reaches there with torch.compile (an assumption, not a measurement of this repo)
+PLAN_PEAK, PLAN_MFU = 989e12, 0.40
+
+
+def print_plan(runs):
+    """Tokens, FLOPs and estimated H100 hours of the runs still to train, per setting: a GPU budget before the
+    GPU is rented. FLOPs per token as train.py's MFU counts them (6N + attention); the vocabulary is GPT-2's."""
+    from train import DEFAULTS
+    from model import GPT
+    rows, total = {}, 0.0
+    for (setting, _, _), (out_dir, args) in runs.items():
+        config = parse_config(DEFAULTS, args)
+        with torch.device('meta'):  # the parameter count without allocating the weights
+            model = GPT(model_config({**config, 'vocab_size': 50257}))
+        tokens = config['max_iters'] * config['gradient_accumulation_steps'] * config['batch_size'] * config['block_size']
+        hours = tokens * model.flops_per_token(config['block_size']) / (PLAN_MFU * PLAN_PEAK) / 3600
+        row = rows.setdefault(setting, dict(params=model.get_num_params(), tokens=tokens, hours=hours, runs=0, todo=0))
+        row['runs'] += 1
+        if run_state(out_dir) != 'done':
+            row['todo'] += 1
+            total += hours
+    print(f"| setting | parameters | tokens per run | H100 hours per run (est.) | runs | to train |\n"
+          f"|---|---|---|---|---|---|")
+    for setting, r in rows.items():
+        print(f"| {setting} | {r['params'] / 1e6:.1f}M | {r['tokens'] / 1e9:.2f}B | {r['hours']:.2f} | {r['runs']} | {r['todo']} |")
+    print(f"\ntotal to train: {total:.1f} H100 hours (at {PLAN_MFU:.0%} MFU of {PLAN_PEAK / 1e12:.0f} TFLOP/s bf16)")
 
 
 def train_all(runs, parallel):
@@ -622,6 +652,7 @@ DEFAULTS = dict(
     out_root='sweeps',             # runs in OUT_ROOT/<setting>/<variant>-s<seed>, reports in OUT_ROOT/<study>
     parallel=1,                    # runs at a time; each gets cpu_count / parallel threads
     report_only=False,             # train nothing; report the finished runs
+    plan=False,                    # train nothing; print the runs' tokens and estimated GPU hours
 )
 
 
@@ -642,7 +673,9 @@ def main(argv):
         name = cfg['study'] + ('-gpu' if cfg['gpu'] else '')
         study, out = STUDIES[cfg['study']], os.path.join(cfg['out_root'], name)
         parts = [p._replace(seeds=cfg['seeds'] or p.seeds) for p in (study.gpu_parts if cfg['gpu'] else study.parts)]
-    runs = plan_runs(parts, cfg['out_root'], cfg['base'], train_args)
+    runs = plan_runs(parts, cfg['out_root'], cfg['base'], train_args, need_data=not cfg['plan'])
+    if cfg['plan']:
+        return print_plan(runs)
     if not cfg['report_only']:
         train_all(runs, cfg['parallel'])
     report(name, study, runs, out)

@@ -142,3 +142,15 @@ def test_a_gpu_preset_starts_and_logs_on_cpu_with_tiny_overrides(tiny_data_root,
 def test_bad_input_is_one_line(tmp_path, args, message):
     assert_one_line_error(run_script('sweep.py', f'--out_root={tmp_path}', *args, cwd=REPO), message)
     assert not any(tmp_path.iterdir())
+
+
+def test_plan_prints_the_gpu_budget_without_data_or_training(tmp_path):
+    result = run_script('sweep.py', '--study=scales', '--gpu=True', '--plan=True', f'--out_root={tmp_path}', cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith('| openwebtext/')]
+    assert [row.split(' | ')[0] for row in rows] == ['| openwebtext/gpt2_30m', '| openwebtext/gpt2_124m',
+                                                     '| openwebtext/gpt2_350m']
+    assert '| openwebtext/gpt2_124m | 123.6M | 1.23B |' in result.stdout  # 2,500 × 491,520 tokens
+    hours = [float(row.split(' | ')[3]) for row in rows]
+    assert hours == sorted(hours) and 'total to train:' in result.stdout
+    assert not any(tmp_path.iterdir())
