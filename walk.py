@@ -52,7 +52,7 @@ import random
 import re
 import statistics
 import sys
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from tqdm import tqdm
@@ -184,20 +184,23 @@ def edge_geometry(w, m, d):
                 rel=torch.where(ok, off / fro2.sqrt(), nan), null=torch.where(ok, null, nan))
 
 
-def sampled_gram_entries(w, m, d):
-    """Mean |diagonal| and mean |off-diagonal| entry of each edge's G, built explicitly ([E] each; O(d³) per edge,
-    hence only on a sample of edges)."""
+GRAM_COLUMNS = 512  # the per-edge Gram reading looks at most this many columns of each G_ij (all of them for d ≤ 512)
+
+
+def sampled_gram_entries(w, m, d, columns):
+    """Mean |diagonal| and mean |off-diagonal| entry of each sampled edge's G ([E] each). The diagonal is exact,
+    tr G / d (G_kk ≥ 0); the off-diagonal mean is taken over G's principal submatrix on `columns`: exact when they
+    are all d columns, else an unbiased estimate that costs d·H·d_h·|columns| per edge instead of ~2d³."""
     H, _, d_h = m['W_V'].shape
     W_V = m['W_V'].permute(1, 0, 2).reshape(d, H * d_h)                 # [W_V^1 … W_V^H]
-    W_O = m['W_O'].reshape(H * d_h, d)
-    diag, off = [], []
-    for s in range(0, len(w), 16):
-        O = (W_V * w[s:s + 16].repeat_interleave(d_h, dim=1)[:, None, :]) @ W_O   # Σ_h w_h W_V^h W_O^h, [e, d, d]
+    W_O = m['W_O'].reshape(H * d_h, d)[:, columns]
+    s = len(columns)
+    off = []
+    for chunk in w.split(16):
+        O = (W_V * chunk.repeat_interleave(d_h, dim=1)[:, None, :]) @ W_O   # Σ_h w_h W_V^h W_O^h, its columns, [e, d, s]
         G = O.transpose(1, 2) @ O
-        on = G.diagonal(dim1=1, dim2=2).abs().sum(1)
-        diag.append(on / d)
-        off.append((G.abs().sum((1, 2)) - on) / (d * d - d))
-    return torch.cat(diag), torch.cat(off)
+        off.append((G.abs().sum((1, 2)) - G.diagonal(dim1=1, dim2=2).abs().sum(1)) / (s * s - s))
+    return ((w @ m['T2']) * w).sum(1) / d, torch.cat(off)
 
 
 # ---------------------------------------------------------------------------------------------- the diagnostics
@@ -215,7 +218,7 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
 
     full_operator: walk weights c_I·I + c_P·P of the operator instead of the attention probabilities alone.
     gram_edges: also the per-edge reading of Gram dominance, from this many edges drawn at random (seeded; all of
-    them when there are fewer), each edge's G built explicitly; 0 (default) skips it.
+    them when there are fewer), each edge's G built explicitly (up to GRAM_COLUMNS of its columns); 0 skips it.
     Returns a dict of per-layer lists (PER_LAYER): a_eff_fro [L], drift [L−1], delta_orth [L], delta_orth_trace [L]
     (δ_orth / √d), gram_rel [L], gram_diag_mean [L], gram_offdiag_mean [L] (Ḡ), delta_orth_null [L] (closed form);
     with gram_edges, gram_edge_diag_mean and gram_edge_offdiag_mean [L] and gram_edges (how many); sem: the standard
@@ -243,6 +246,7 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
         generator = torch.Generator().manual_seed(seed)  # its own generator: the caller's random stream is untouched
         picked = torch.arange(N * E) if gram_edges >= N * E else torch.randperm(N * E, generator=generator)[:gram_edges]
         picked = picked.to(device)
+        columns = torch.arange(d) if d <= GRAM_COLUMNS else torch.randperm(d, generator=generator)[:GRAM_COLUMNS]
     # keep each batch's probabilities (L·H·T² per sequence) to a few hundred MB
     batch_size = batch_size or max(1, 2 ** 25 // (L * H * T * T))
     for start in tqdm(range(0, N, batch_size), desc='connection walk', disable=not progress, unit='batch'):
@@ -272,7 +276,7 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
             if picked is not None:
                 here = picked[(picked >= start * E) & (picked < (start + B) * E)] - start * E
                 if len(here):
-                    diag, off = sampled_gram_entries(w[here], m, d)
+                    diag, off = sampled_gram_entries(w[here], m, d, columns.to(device))
                     sums['edge_diag'][l] += diag.sum().cpu()
                     sums['edge_off'][l] += off.sum().cpu()
     source.module.train(was_training)
@@ -325,7 +329,7 @@ def depth_regimes(values):
 
 class TextCodec(NamedTuple):
     """How a model reads text: its content tokens, and the special tokens its tokenizer puts around a sequence."""
-    encode: callable          # text -> token ids, no special tokens
+    encode: Callable          # text -> token ids, no special tokens
     prefix: tuple = ()        # e.g. BERT's [CLS], Llama's <|begin_of_text|>
     suffix: tuple = ()        # e.g. BERT's [SEP]
 
@@ -421,9 +425,9 @@ def random_twin(walker, seed):
 
 
 def architecture(walker):
-    layer = walker.layers()[0]
-    H, d, d_h = layer.W_V.shape
-    return dict(n_layer=len(walker.layers()), d=d, n_head=H, n_kv_head=int(layer.kv_head.max()) + 1, d_head=d_h,
+    layers = walker.layers()
+    H, d, d_h = layers[0].W_V.shape
+    return dict(n_layer=len(layers), d=d, n_head=H, n_kv_head=int(layers[0].kv_head.max()) + 1, d_head=d_h,
                 causal=walker.causal, specials=list(walker.specials))
 
 
@@ -435,11 +439,6 @@ def parts(walker):
 
 def context_lengths(max_len, seq_len):
     return [n for n in (16, 32, 64, 128, 256, 512, 1024) if n <= max_len] or [seq_len]
-
-
-def sweep_sequences(length, args):
-    """At least --sweep_seqs sequences at every length; at shorter ones as many as keep the main run's edge count."""
-    return min(args.n_seqs, max(args.sweep_seqs, round(args.n_seqs * args.seq_len ** 2 / length ** 2)))
 
 
 SWEPT = ('drift', 'a_eff_fro', 'delta_orth', 'delta_orth_trace', 'delta_orth_null')
@@ -546,16 +545,15 @@ def table_layers(saved):
 
 
 def table_sweep(saved):
-    rows = ["| model | T | sequences | mean drift | mean ‖A_eff‖_F | mean δ_orth/√d | largest s.e. of a layer's δ_orth/√d |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| model | T | sequences | drift | ‖A_eff‖_F | δ_orth/√d |", "|---|---|---|---|---|---|"]
     for label, _, n, twin in labelled(saved):
         for tag, r in ((label, n), (f"{label}, random init", twin)):
             for length, s in ((r or {}).get('context_sweep') or {}).items():
-                mean = {k: statistics.fmean(s[k]) if s[k] else float('nan') for k in ('drift', 'a_eff_fro',
-                                                                                        'delta_orth_trace')}
-                rows.append(f"| {tag} | {length} | {s['sequences']} | {fmt(mean['drift'], '.4f')} "
-                            f"| {mean['a_eff_fro']:.3f} | {fmt(mean['delta_orth_trace'], '.4f')} "
-                            f"| {fmt(max(s['sem']['delta_orth_trace']), '.1e')} |")
+                cells = []
+                for key, spec in (('drift', '.4f'), ('a_eff_fro', '.3f'), ('delta_orth_trace', '.4f')):
+                    mean = statistics.fmean(s[key]) if s[key] else float('nan')
+                    cells.append(f"{fmt(mean, spec)} ± {fmt(max(s['sem'][key], default=float('nan')), '.0e')}")
+                rows.append(f"| {tag} | {length} | {s['sequences']} | " + ' | '.join(cells) + ' |')
     return rows
 
 
@@ -578,7 +576,8 @@ def write_tables(saved, path):
             *table_gram(saved), "\n## Per layer\n", *table_layers(saved)]
     sweep = table_sweep(saved)
     if len(sweep) > 2:
-        text += ["\n## Context sweep (per layer: diagnostics.json and context_sweep_*.png)\n", *sweep]
+        text += ["\n## Context sweep\n", "Mean over layers ± the largest standard error (over sequences) of one layer; "
+                 "every layer's numbers are in diagnostics.json and context_sweep_*.png.\n", *sweep]
     with open(path, 'w') as f:
         f.write('\n'.join(text) + '\n')
     return '\n'.join(text)
@@ -611,7 +610,7 @@ def plot_walk_layers(saved, path):
     for ax, (key, title) in zip(axes, panels):
         ax.set_xlabel('layer (drift: between ℓ and ℓ+1)' if key == 'drift' else 'layer')
         ax.set_title(title, fontsize=10)
-    axes[2].legend(fontsize=7)
+    axes[0].legend(fontsize=7)
     fig.suptitle('Connection-walk diagnostics by layer (solid: model, dashed: random init, dotted: closed form)',
                  fontsize=11)
     return save(fig, path)
@@ -685,7 +684,7 @@ def run_diagnostics(args):
     saved = dict(settings=dict(n_seqs=args.n_seqs, seq_len=args.seq_len, drop_sink=args.drop_sink,
                                text=args.text or 'wikitext-2 test', sampling=args.sampling, seed=args.seed,
                                gram_edges=args.gram_edges, null_model=args.null_model,
-                               context_sweep=dict(sampling='documents', min_sequences=args.sweep_seqs)
+                               context_sweep=dict(sampling='documents', sequences=args.sweep_seqs)
                                if args.context_sweep else None))
     for source, name in zip(args.sources, names):
         walker, codec, max_len = load_source(source, kinds[source], device)
@@ -693,7 +692,7 @@ def run_diagnostics(args):
         print(f"{name}: {idx.shape[0]} sequences of {idx.shape[1]} tokens ({args.sampling}, seed {args.seed})")
         sweep_idx = None
         if args.context_sweep:  # documents: the only unit long enough at 1,024 tokens, the same at every length
-            sweep_idx = {n: sample_sequences(text, codec, sweep_sequences(n, args), n, 'documents', args.seed).to(device)
+            sweep_idx = {n: sample_sequences(text, codec, args.sweep_seqs, n, 'documents', args.seed).to(device)
                          for n in context_lengths(max_len, args.seq_len)}
         entry = dict(kind=kinds[source], **architecture(walker), sequences=idx.shape[0], seq_len=idx.shape[1])
         layer = args.layer if args.layer is not None else entry['n_layer'] // 2
@@ -739,15 +738,15 @@ def main(argv):
                         'per-edge Gram sample')
     parser.add_argument('--drop_sink', action='store_true', help="leave out a decoder's edges to the first token "
                         "(an encoder's [CLS]/[SEP] are always left out)")
-    parser.add_argument('--gram_edges', type=int, default=256, help='edges per layer whose Gram is built explicitly '
-                        'for the per-edge Gram dominance (default 256; 0: skip)')
+    parser.add_argument('--gram_edges', type=int, default=64, help='edges per layer whose Gram is built explicitly '
+                        'for the per-edge Gram dominance (default 64; 0: skip; O(d³) each)')
     parser.add_argument('--null_model', action=argparse.BooleanOptionalAction, default=True,
                         help='also walk each model at random initialisation (default: yes)')
     parser.add_argument('--layer', type=int, help='layer of the A_eff and Gram heatmaps (default: the middle one)')
     parser.add_argument('--context_sweep', action='store_true', help='also every layer at context lengths 16 ... 1024 '
                         '(up to the model\'s), on random document chunks')
-    parser.add_argument('--sweep_seqs', type=int, default=32, help='sequences at the longest contexts of the sweep '
-                        '(more at short ones, up to --n_seqs; default 32)')
+    parser.add_argument('--sweep_seqs', type=int, default=32, help='sequences at each length of the sweep (default 32; '
+                        'the standard errors in the output say whether they are enough)')
     parser.add_argument('--device', help='default: cuda when available, else cpu')
     run_diagnostics(parser.parse_args(argv))
 

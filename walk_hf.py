@@ -92,7 +92,8 @@ def model_type(source):
         return 'bert'
     if os.path.isdir(source):
         if not os.path.isfile(os.path.join(source, 'config.json')):
-            raise UserError(f"{source!r} is neither a run folder (ckpt.pt) nor a transformers model folder (config.json)")
+            raise UserError(f"{source!r} is neither a run folder with ckpt.pt nor a GPT-2 model or other transformers "
+                            f"folder (no config.json)")
         with open(os.path.join(source, 'config.json')) as f:
             kind = json.load(f).get('model_type')
     elif re.fullmatch(r'[\w.-]+/[\w.-]+', source) and not os.path.exists(source):  # a hub name

@@ -12,7 +12,8 @@ import torch
 from conftest import assert_one_line_error, needs_tokenizer, run_script, synthetic_text
 from model import GPT, GPTConfig
 from common import UserError
-from walk import TextCodec, connection_diagnostics, depth_regimes, head_weights, sample_sequences, source_kind
+from walk import (TextCodec, WalkLayer, connection_diagnostics, depth_regimes, head_weights, layer_moments,
+                  sample_sequences, sampled_gram_entries, source_kind)
 
 
 def tiny_model(n_layer=2, n_head=2, n_embd=8, operator='attention', seed=0, **overrides):
@@ -181,6 +182,22 @@ def test_rows_of_the_walk_sum_to_one():
     assert (out['a_eff'].triu(1) == 0).all()  # causal
 
 
+def test_per_edge_gram_on_a_column_subset_is_its_principal_submatrix():
+    """Above GRAM_COLUMNS the per-edge off-diagonal mean is taken over a random principal submatrix of G."""
+    torch.manual_seed(0)
+    layer = WalkLayer(torch.randn(3, 12, 4, dtype=torch.float64), torch.randn(3, 4, 12, dtype=torch.float64),
+                      torch.arange(3))
+    w = torch.rand(5, 3, dtype=torch.float64)
+    columns = torch.tensor([0, 3, 4, 9, 11])
+    diag, off = sampled_gram_entries(w, layer_moments(layer, 'cpu', False), 12, columns)
+    for e in range(5):
+        O = sum(w[e, h] * layer.W_V[h] @ layer.W_O[h] for h in range(3))
+        G = O.T @ O
+        sub = G[columns][:, columns]
+        assert diag[e].item() == pytest.approx(G.diagonal().mean().item(), rel=1e-12)  # the diagonal: all of it
+        assert off[e].item() == pytest.approx(((sub.abs().sum() - sub.diagonal().abs().sum()) / 20).item(), rel=1e-12)
+
+
 def test_depth_regimes_split_layers_20_60_20_symmetrically():
     assert depth_regimes(list(range(10))) == dict(initial=0.5, middle=4.5, final=8.5)
     assert depth_regimes(list(range(12))) == dict(initial=1.0, middle=5.5, final=10.0)  # 0–2, 3–8, 9–11
@@ -332,11 +349,11 @@ def test_pretrained_minilm_equals_the_naive_per_edge_computation():
     walker, codec, max_len = load('all-MiniLM-L6-v2', 'cpu')
     model = walker.module.double()
     assert (model.config.num_hidden_layers, model.config.hidden_size, walker.specials, max_len) == (6, 384, (1, 1), 512)
-    idx = torch.tensor([codec.wrap(codec.encode('the connection walk reads attention as transport')[:4])])
+    idx = torch.tensor([codec.wrap(codec.encode('the connection walk reads attention as transport')[:3])])
     assert idx[0, 0] == 101 and idx[0, -1] == 102  # [CLS] … [SEP]
     fast = connection_diagnostics(walker, idx, gram_edges=10 ** 6)
     probs = model(input_ids=idx, output_attentions=True).attentions
-    assert_matches(fast, naive_reference(probs, [reference_heads(model, l)[0] for l in range(6)], hf_edges('bert', 6)),
+    assert_matches(fast, naive_reference(probs, [reference_heads(model, l)[0] for l in range(6)], hf_edges('bert', 5)),
                    rel=1e-8)
 
 
@@ -432,7 +449,7 @@ def test_diagnostics_cli_on_local_bert_and_llama_folders(tmp_path):
     text = wiki_like_text(n_docs=3, lines=5, sentences=5)
     (tmp_path / 'text.txt').write_text(text)
     for family in ('bert', 'llama'):
-        tiny_hf(family, vocab_size=64).float().save_pretrained(tmp_path / f'tiny-{family}')
+        tiny_hf(family, vocab_size=64, max_position_embeddings=32).float().save_pretrained(tmp_path / f'tiny-{family}')
         save_word_tokenizer(tmp_path / f'tiny-{family}', text, bert=family == 'bert')
     result = run_script('walk.py', tmp_path / 'tiny-bert', tmp_path / 'tiny-llama', '--text', tmp_path / 'text.txt',
                         '--n_seqs', '6', '--seq_len', '16', '--context_sweep', '--sweep_seqs', '2', '--gram_edges', '16',
@@ -449,7 +466,7 @@ def test_diagnostics_cli_on_local_bert_and_llama_folders(tmp_path):
             assert len(numbers['delta_orth']) == 2 and numbers['gram_edges'] == 16
             assert set(numbers['by_depth']['delta_orth_trace']) == {'initial', 'middle', 'final'}
             sweep = numbers['context_sweep']  # every layer at every length up to max_position_embeddings
-            assert set(sweep) == {'16', '32', '64'} and all(len(s['delta_orth']) == 2 for s in sweep.values())
+            assert set(sweep) == {'16', '32'} and all(len(s['delta_orth']) == 2 for s in sweep.values())
         assert entry['attention']['delta_orth'] != entry['random_init']['attention']['delta_orth']
     md = (tmp_path / 'diag' / 'diagnostics.md').read_text()
     for fragment in ('## Table 1', '## Table 2', '| ↳ tiny-bert, random init | initial |', "tiny-llama's walk (closed form)"):
@@ -465,7 +482,7 @@ def test_unsupported_or_unreadable_sources_are_one_line_errors(tmp_path):
     result = run_script('analyze.py', '--diagnostics', tmp_path / 'neox', '--text', tmp_path / 'text.txt', cwd=tmp_path)
     assert_one_line_error(result, "model_type 'gpt_neox' is not supported", 'llama, qwen2, qwen3, bert')
     (tmp_path / 'empty').mkdir()
-    with pytest.raises(UserError, match='neither a run folder .ckpt.pt. nor a transformers model folder'):
+    with pytest.raises(UserError, match='neither a run folder with ckpt.pt nor a GPT-2 model or other transformers folder'):
         source_kind(str(tmp_path / 'empty'))
     with pytest.raises(UserError, match='not a run folder, a transformers folder or a GPT-2 name'):
         source_kind(str(tmp_path / 'missing'))
