@@ -538,8 +538,9 @@ def table_layers(saved):
             for l in range(len(r['delta_orth'])):
                 drift = fmt(r['drift'][l], '.4f') if l < len(r['drift']) else '–'
                 edge = fmt(derived['gram_edge_ratio'][l], '.1f') if 'gram_edge_ratio' in derived else '–'
-                rows.append(f"| {tag} | {l} | {drift} | {r['a_eff_fro'][l]:.3f} | {fmt(r['delta_orth_trace'][l], '.4f')} "
-                            f"| {fmt(r['delta_orth'][l])} | {fmt(r['delta_orth_null'][l])} | {fmt(r['gram_rel'][l])} "
+                rows.append(f"| {tag} | {l} | {drift} | {r['a_eff_fro'][l]:.3f} "
+                            f"| {fmt(r['delta_orth_trace'][l], '.4f')} | {fmt(r['delta_orth'][l])} "
+                            f"| {fmt(r['delta_orth_null'][l])} | {fmt(r['gram_rel'][l])} "
                             f"| {fmt(derived['gram_ratio'][l], '.1f')} | {edge} |")
     return rows
 
@@ -557,27 +558,32 @@ def table_sweep(saved):
     return rows
 
 
+TABLE_NOTES = dict(
+    table1="‖G − μI‖_F / tr G (= δ_orth/√d, the paper's scale); in parentheses δ_orth = ‖G − μI‖_F / ‖μI‖_F. Closed "
+           "form: Gaussian W_V, W_O on the model's own head weights, √(1 + (d/d_h)·Σ_g(Σ_{h∈g} w_h²)² / (Σ_h w_h²)²) "
+           "per edge.",
+    table2="Mean |diagonal| and mean |off-diagonal| entry of Ḡ = mean over edges of G_ij (\"|mean G|\") and of each "
+           "edge's G_ij, averaged over sampled edges (\"mean |G|\"); ratio = diagonal / off-diagonal, averaged over "
+           "the regime's layers. Closed form ≈ √(πd/2) / δ_orth,null (a Gaussian transport: √(πd/2)).",
+    sweep="Mean over layers ± the largest standard error (over sequences) of one layer; every layer's numbers are in "
+          "diagnostics.json and context_sweep_*.png.",
+)
+
+
 def write_tables(saved, path):
     s = saved['settings']
-    text = ["# Connection-walk diagnostics\n",
-            f"Text: {s['text']}; {s['sampling']} sampling (seed {s['seed']}), up to {s['n_seqs']} sequences of "
-            f"{s['seq_len']} tokens per model; drop_sink: {s['drop_sink']}; per-edge Gram from "
-            f"{s['gram_edges']} sampled edges per layer. Depth regimes: initial = the first 20 % of the layers, "
-            f"final = the last 20 %, middle = the rest. \"random init\": the same architecture at its random "
-            f"initialisation, on the same sequences.\n",
-            "## Table 1: δ_orth by depth\n",
-            "‖G − μI‖_F / tr G (= δ_orth/√d, the paper's scale); in parentheses δ_orth = ‖G − μI‖_F / ‖μI‖_F. "
-            "Closed form: Gaussian W_V, W_O on the model's own head weights, √(1 + (d/d_h)·Σ_g(Σ_{h∈g} w_h²)² / "
-            "(Σ_h w_h²)²) per edge.\n", *table_delta_orth(saved),
-            "\n## Table 2: Gram diagonal vs off-diagonal by depth\n",
-            "Mean |diagonal| and mean |off-diagonal| entry of Ḡ = mean over edges of G_ij (\"|mean G|\") and of each "
-            "edge's G_ij, averaged over sampled edges (\"mean |G|\"); ratio = diagonal / off-diagonal, averaged over the "
-            "regime's layers. Closed form ≈ √(πd/2) / δ_orth,null (a Gaussian transport: √(πd/2)).\n",
-            *table_gram(saved), "\n## Per layer\n", *table_layers(saved)]
+    header = (f"Text: {s['text']}; {s['sampling']} sampling (seed {s['seed']}), up to {s['n_seqs']} sequences of "
+              f"{s['seq_len']} tokens per model; drop_sink: {s['drop_sink']}; per-edge Gram from {s['gram_edges']} "
+              f"sampled edges per layer. Depth regimes: initial = the first 20 % of the layers, final = the last "
+              f"20 %, middle = the rest. \"random init\": the same architecture at its random initialisation, on the "
+              f"same sequences.")
+    text = ["# Connection-walk diagnostics\n", header,
+            "\n## Table 1: δ_orth by depth\n", TABLE_NOTES['table1'] + '\n', *table_delta_orth(saved),
+            "\n## Table 2: Gram diagonal vs off-diagonal by depth\n", TABLE_NOTES['table2'] + '\n', *table_gram(saved),
+            "\n## Per layer\n", *table_layers(saved)]
     sweep = table_sweep(saved)
     if len(sweep) > 2:
-        text += ["\n## Context sweep\n", "Mean over layers ± the largest standard error (over sequences) of one layer; "
-                 "every layer's numbers are in diagnostics.json and context_sweep_*.png.\n", *sweep]
+        text += ["\n## Context sweep\n", TABLE_NOTES['sweep'] + '\n', *sweep]
     with open(path, 'w') as f:
         f.write('\n'.join(text) + '\n')
     return '\n'.join(text)

@@ -67,7 +67,11 @@ class HFWalk:
     specials: (tokens before, tokens after) the content of every sequence, e.g. (1, 1) for BERT's [CLS] … [SEP]."""
 
     def __init__(self, model, specials=(1, 1)):
-        self.module = model
+        if model.config.model_type not in FAMILIES:
+            raise ValueError(f"model_type {model.config.model_type!r} is not one of {', '.join(FAMILIES)}")
+        if model.config._attn_implementation != 'eager':
+            model.set_attn_implementation('eager')  # SDPA and flash kernels never form P, so they cannot return it
+        self.module = model.base_model  # LlamaForCausalLM → LlamaModel: the layers, without the head
         self.family = FAMILIES[model.config.model_type]
         self.causal = self.family.causal
         self.specials = (0, 0) if self.causal else tuple(specials)

@@ -469,7 +469,8 @@ def test_diagnostics_cli_on_local_bert_and_llama_folders(tmp_path):
             assert set(sweep) == {'16', '32'} and all(len(s['delta_orth']) == 2 for s in sweep.values())
         assert entry['attention']['delta_orth'] != entry['random_init']['attention']['delta_orth']
     md = (tmp_path / 'diag' / 'diagnostics.md').read_text()
-    for fragment in ('## Table 1', '## Table 2', '| ↳ tiny-bert, random init | initial |', "tiny-llama's walk (closed form)"):
+    for fragment in ('## Table 1', '## Table 2', '| ↳ tiny-bert, random init | initial |',
+                     "tiny-llama's walk (closed form)"):
         assert fragment in md
     for name in ('walk_layers.png', 'context_sweep_tiny-bert_attention.png', 'a_eff_tiny-llama_attention.png'):
         assert (tmp_path / 'diag' / name).stat().st_size > 1000
@@ -482,7 +483,7 @@ def test_unsupported_or_unreadable_sources_are_one_line_errors(tmp_path):
     result = run_script('analyze.py', '--diagnostics', tmp_path / 'neox', '--text', tmp_path / 'text.txt', cwd=tmp_path)
     assert_one_line_error(result, "model_type 'gpt_neox' is not supported", 'llama, qwen2, qwen3, bert')
     (tmp_path / 'empty').mkdir()
-    with pytest.raises(UserError, match='neither a run folder with ckpt.pt nor a GPT-2 model or other transformers folder'):
+    with pytest.raises(UserError, match='neither a run folder with ckpt.pt nor a GPT-2 model or other transformers'):
         source_kind(str(tmp_path / 'empty'))
     with pytest.raises(UserError, match='not a run folder, a transformers folder or a GPT-2 name'):
         source_kind(str(tmp_path / 'missing'))
