@@ -5,6 +5,7 @@ and the accelerator peak-FLOPs table for MFU.
 
 import ast
 import difflib
+import json
 import os
 import sys
 
@@ -170,9 +171,14 @@ GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
 
 
 def is_gpt2(source):
-    """A GPT-2 name, or a local folder saved by `transformers` (config.json, no ckpt.pt)."""
-    return source in GPT2_NAMES or (os.path.isfile(os.path.join(source, 'config.json'))
-                                    and not os.path.isfile(os.path.join(source, 'ckpt.pt')))
+    """A GPT-2 name, or a local folder saved by `transformers` whose config.json says model_type 'gpt2'."""
+    if source in GPT2_NAMES:
+        return True
+    try:
+        with open(os.path.join(source, 'config.json')) as f:
+            return json.load(f).get('model_type') == 'gpt2'
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def load_model(source, **overrides):
@@ -186,6 +192,8 @@ def load_model(source, **overrides):
             raise UserError(str(e)) from None
     if not os.path.isdir(source):
         raise UserError(f"no run folder {source!r} (a folder train.py wrote, or a GPT-2 name: {', '.join(GPT2_NAMES)})")
+    if os.path.isfile(os.path.join(source, 'config.json')) and not os.path.isfile(os.path.join(source, 'ckpt.pt')):
+        raise UserError(f"{source} is a transformers folder, but not of a GPT-2 model (model_type in its config.json)")
     ckpt = load_checkpoint(os.path.join(source, 'ckpt.pt'))
     return model_from_checkpoint(ckpt, **overrides), ckpt['meta']
 

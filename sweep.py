@@ -181,6 +181,9 @@ def run_state(out_dir):
 def plan_runs(parts, out_root, base, train_args, need_data=True):
     """{(setting, variant, seed): (out_dir, train.py arguments for a fresh run)}, every run's config checked."""
     from train import DEFAULTS
+    for part in parts:  # every variant name is checked before any setting looks for its data
+        for spec in part.variants:
+            parse_variant(spec)
     runs = {}
     for part in parts:
         config_file, keys = SETTINGS[part.setting] if part.setting else (base, {})
@@ -225,8 +228,8 @@ def print_plan(runs):
         if run_state(out_dir) != 'done':
             row['todo'] += 1
             total += hours
-    print(f"| setting | parameters | tokens per run | H100 hours per run (est.) | runs | to train |\n"
-          f"|---|---|---|---|---|---|")
+    print("| setting | parameters | tokens per run | H100 hours per run (est.) | runs | to train |\n"
+          "|---|---|---|---|---|---|")
     for setting, r in rows.items():
         print(f"| {setting} | {r['params'] / 1e6:.1f}M | {r['tokens'] / 1e9:.2f}B | {r['hours']:.2f} | {r['runs']} | {r['todo']} |")
     print(f"\ntotal to train: {total:.1f} H100 hours (at {PLAN_MFU:.0%} MFU of {PLAN_PEAK / 1e12:.0f} TFLOP/s bf16)")
