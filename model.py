@@ -143,7 +143,7 @@ class CausalSelfAttention(nn.Module):
         if self.coefficients.is_plain_attention:  # c_I = 0, c_P = 1: plain attention pays nothing for the family
             y = self.c_proj(pv.transpose(1, 2).reshape(B, T, C))
         else:
-            c_I, c_P = (c.to(pv.dtype).view(-1, 1) for c in self.coefficients())  # [n_head, 1]
+            c_I, c_P = (c.view(-1, 1) for c in self.coefficients())  # [n_head, 1], float32 even under autocast
             # out_h = c_I·V_h + c_P·(P_h V_h), heads merged, then c_proj: one fused step, see CorridorProjection
             y = CorridorProjection.apply(v_self.transpose(1, 2), pv.transpose(1, 2), c_I, c_P,
                                          self.c_proj.weight, self.c_proj.bias)
@@ -438,30 +438,40 @@ class CorridorProjection(torch.autograd.Function):
     the per-head operator out_h = c_I·V_h + c_P·(P_h V_h), then the output projection.
 
     Why a Function: autograd would keep the merged sum for c_proj's backward, one more [B, T, C] activation per
-    layer than plain attention. SDPA keeps V and Y anyway, so the backward recomputes the sum from them (one
-    elementwise pass) and the corridor's activation memory equals attention's, eager and compiled."""
+    layer than plain attention. SDPA keeps V and Y anyway, so the backward recomputes the sum from them and the
+    corridor's activation memory equals attention's, eager and compiled.
+
+    The coefficients stay float32 under autocast: in bf16, δ near 1 moves in steps of 0.4 %, and dL/dc sums
+    B·T·head_size products (786k per head at GPT-2 size), the largest gradients of the model, which float16 under
+    a grad scaler would overflow. Compiled, the epilogue costs one pass over [B, T, C] tensors in the forward
+    (read V, Y; write the sum) and one in the backward (read dL/dsum, V, Y; write the sum and dL/dY), plus one
+    read of dL/dsum where the c_I term joins V's gradient: bench.py counts it."""
 
     @staticmethod
     def forward(ctx, v, y, c_I, c_P, weight, bias):
         ctx.save_for_backward(v, y, c_I, c_P, weight)
         ctx.has_bias = bias is not None
-        return F.linear((c_I * v + c_P * y).flatten(2), weight, bias)
+        return F.linear((c_I * v + c_P * y).flatten(2), weight, bias)  # autocast rounds the sum, not the c's
 
     @staticmethod
     def backward(ctx, grad):
         v, y, c_I, c_P, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        # Recomputed, in the dtype autocast gave the output. Written in the other order than in forward on
+        grad_merged = (grad @ weight.to(grad.dtype)).view_as(v)
+        # dL/dc in float32, summed over head_size first: that sum has the shape of the elementwise pass below, so
+        # Inductor computes it inside that pass instead of reading the tensors again (a single sum over
+        # (0, 1, 3) becomes a split reduction of its own)
+        g = grad_merged.float()
+        # The sum recomputed, in the dtype autocast gave the output. Written in the other order than in forward on
         # purpose: under torch.compile, common-subexpression elimination would otherwise merge the two, and
         # Inductor's partitioner would go back to saving the sum (it won't recompute a value the backward
         # materialises anyway)
         merged = (c_P * y + c_I * v).flatten(2).to(grad.dtype)
-        grad_merged = (grad @ weight.to(grad.dtype)).view_as(v)
         rows = grad.flatten(0, -2)
-        return (c_I * grad_merged if needs[0] else None,
-                c_P * grad_merged if needs[1] else None,
-                (grad_merged * v).sum((0, 1, 3)).view_as(c_I) if needs[2] else None,
-                (grad_merged * y).sum((0, 1, 3)).view_as(c_P) if needs[3] else None,
+        return ((c_I * grad_merged).to(v.dtype) if needs[0] else None,
+                (c_P * grad_merged).to(y.dtype) if needs[1] else None,
+                (g * v).sum(-1).sum((0, 1)).view_as(c_I) if needs[2] else None,
+                (g * y).sum(-1).sum((0, 1)).view_as(c_P) if needs[3] else None,
                 rows.T @ merged.flatten(0, -2) if needs[4] else None,
                 rows.sum(0) if ctx.has_bias and needs[5] else None)
 

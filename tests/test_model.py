@@ -237,6 +237,44 @@ def test_corridor_projection_gradients_match_finite_differences():
     torch.testing.assert_close(CorridorProjection.apply(v, y, c_I, c_P, weight, bias), expected)
 
 
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_coefficient_gradients_are_float32_sums_under_autocast(dtype):
+    """dL/dc sums B·T·head_size products per head: in float32, not rounded to the autocast dtype (bf16 keeps 3
+    significant digits; float16 overflows past 65504, and a grad scaler multiplies the gradient by 2^16)."""
+    g = torch.Generator().manual_seed(0)
+    B, T, H, hs = 4, 64, 3, 16
+    # inputs exact in both dtypes, and positive, so that the sums have no cancellation to hide an error in
+    v, y = (torch.rand(B, T, H, hs, generator=g).to(dtype) for _ in range(2))
+    weight = torch.rand(24, H * hs, generator=g).to(dtype).float()
+    grad = (torch.rand(B, T, 24, generator=g) * 16).to(dtype)  # as if scaled by a grad scaler: sums reach ~1e6
+    c_I = torch.tensor([[-0.3], [0.1], [0.0]], requires_grad=True)
+    c_P = torch.tensor([[1.0], [0.8], [-1.0]], requires_grad=True)
+    with torch.autocast('cpu', dtype=dtype):
+        out = CorridorProjection.apply(v, y, c_I, c_P, weight, None)
+    out.backward(grad)
+    grad_merged = (grad.double() @ weight.double()).view(B, T, H, hs)
+    for c, x in ((c_I, v), (c_P, y)):
+        assert c.grad.dtype == torch.float32
+        expected = (grad_merged * x.double()).sum((0, 1, 3)).view(H, 1).float()
+        assert expected.min() > 65504  # beyond float16, where the old sums overflowed
+        # the only rounding left is grad_merged's, per element, which averages out over the sum; a result
+        # rounded to bf16 would be off by up to 4e-3
+        torch.testing.assert_close(c.grad, expected, rtol=2e-4, atol=0)
+
+
+def test_delta_below_a_bf16_step_still_changes_the_output():
+    """Under bf16 autocast the coefficients are not rounded to bf16 (where 1 + 2^-10 is 1): only the sum is."""
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(tiny_config(operator='corridor', gamma_init=-0.3)).eval()
+    x = torch.randn(2, 16, 32)
+    outputs = []
+    for delta in (1.0, 1.0 + 2 ** -10):
+        with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+            attn.coefficients.delta.fill_(delta)
+            outputs.append(attn(x)[0])
+    assert not torch.equal(*outputs)
+
+
 def test_corridor_trains_under_bf16_autocast_like_float32():
     model = build(operator='corridor', gamma_init=-0.3, init_spread=0.2)
     idx = tokens()
