@@ -3,46 +3,74 @@ Speed and memory of the operator family, measured in one run: every timed step a
 (attention, corridor, attention, corridor, ...), medians over rounds, ratios paired by round.
 
     python bench.py                  # CPU-sized: every form eager and compiled, fast vs math path, KV cache, walk
-    python bench.py --preset gpu     # one H100/H200 in under 8 minutes: GPT-2 124M in bf16, compile check, MFU
+    python bench.py --preset gpu     # one H100/H200 in about 9 minutes: GPT-2 124M in bf16, MFU, short train.py runs
     python bench.py --preset tiny    # seconds, what the tests run
+
+The corridor's cost beyond attention, compiled, is also counted rather than timed: the bytes Inductor's kernels
+read and write for one layer, forward and backward, and the GPU throughput ratio they predict for GPT-2 124M.
 
 Memory: on a GPU the peak allocated by the step (torch.cuda.max_memory_allocated); on CPU, which has no
 allocator statistics, the bytes autograd keeps for backward (deduplicated by storage), the part of a training
-step's memory an attention operator can change. Results also go to a JSON file (--json).
+step's memory an attention operator can change. Results also go to bench_<preset>.json in --out_dir.
 """
 
 import argparse
+import contextlib
 import json
+import logging
 import math
+import os
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
+import numpy as np
 import torch
 
-from common import peak_flops
-from model import GPT, GPTConfig
+from common import PEAK_FLOPS, peak_flops
+from model import GPT, CausalSelfAttention, GPTConfig
 from walk import connection_diagnostics, head_weights
 
 PRESETS = {
-    # model, batch and context for the training step; rounds × steps timed per variant
+    # model, batch and context for the training step; rounds × steps timed per variant; train_runs: train.py itself
     'tiny': dict(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=256, batch_size=2, rounds=2, steps=1,
                  forms=('attention', 'corridor'), modes=('eager', 'compiled'), dtype='float32',
-                 path_lengths=(128, 256), path_layers=1, new_tokens=16, walk=dict(n_embd=32, n_head=4, seq_len=16, edges=4)),
+                 path_lengths=(128, 256), path_layers=1, new_tokens=16, walk=dict(n_embd=32, n_head=4, seq_len=16, edges=4),
+                 train_runs=dict(config=None, tokens=20_000, args=(
+                     '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=64', '--batch_size=2',
+                     '--gradient_accumulation_steps=1', '--max_iters=4', '--lr_decay_iters=4', '--warmup_iters=1',
+                     '--eval_interval=4', '--eval_iters=1', '--log_interval=2', '--compile=False'))),
     'cpu': dict(n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_size=512, batch_size=8, rounds=7, steps=3,
                 forms=('attention', 'corridor', 'laplacian', 'alpha', 'alpha_beta'), modes=('eager', 'compiled'),
                 dtype='float32', path_lengths=(1024, 2048), path_layers=2, new_tokens=256,
                 walk=dict(n_embd=768, n_head=12, seq_len=64, edges=6)),
-    'gpu': dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257, batch_size=16, rounds=5,
+    # GPT-2 124M at train.py's micro-batch (configs/owt_gpt2_124m.py: 12 × 1024)
+    'gpu': dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257, batch_size=12, rounds=5,
                 steps=10, forms=('attention', 'corridor'), modes=('eager', 'compiled'), dtype='bfloat16',
                 path_lengths=(1024, 2048), path_layers=12, new_tokens=256,
-                walk=dict(n_embd=768, n_head=12, seq_len=64, edges=20)),
+                walk=dict(n_embd=768, n_head=12, seq_len=64, edges=20),
+                # 60 iterations of 10 micro-steps (123k tokens each), compiled: about 2 minutes per run on an H100
+                train_runs=dict(config='configs/owt_gpt2_124m.py', tokens=8_000_000, args=(
+                    '--gradient_accumulation_steps=10', '--max_iters=60', '--lr_decay_iters=60', '--warmup_iters=10',
+                    '--eval_interval=60', '--eval_iters=5', '--log_interval=10', '--snapshot_interval=0',
+                    '--compile=True'))),
 }
+
+# The GPU ratio the corridor's extra memory traffic predicts, for GPT-2 124M as train.py trains it: micro-batch
+# 12 × 1024 in bf16. Peak HBM bandwidth from NVIDIA's data sheets; the attention micro-step those bytes are
+# weighed against is an assumption until a GPU run measures it: GPT-2 124M's training FLOPs at 35-50 % MFU of the
+# dense bf16 peak, the same on both (README, "First GPU run").
+GPT2_MICRO_BATCH = dict(batch_size=12, block_size=1024, dtype_bytes=2)
+BANDWIDTH = {'H100 SXM': 3.35e12, 'H200': 4.8e12}
+ASSUMED_MFU = (0.35, 0.50)
 
 
 def sync(device):
     if device.startswith('cuda'):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
 
 
 class Memory:
@@ -59,8 +87,8 @@ class Memory:
     def __enter__(self):
         if self.device.startswith('cuda'):
             sync(self.device)
-            torch.cuda.reset_peak_memory_stats()
-            self.base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
         else:
             self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
             self.hooks.__enter__()
@@ -69,7 +97,7 @@ class Memory:
     def __exit__(self, *exc):
         if self.device.startswith('cuda'):
             sync(self.device)
-            self.bytes = torch.cuda.max_memory_allocated() - self.base
+            self.bytes = torch.cuda.max_memory_allocated(self.device) - self.base
         else:
             self.hooks.__exit__(*exc)
             self.bytes = sum(self.storages.values())
@@ -92,7 +120,12 @@ def median_ratio(times, a, b):
 # ---------------------------------------------------------------------------------------------- training step
 
 def bench_training(p, device, autocast, results):
-    """Training-step throughput, memory and (GPU) MFU of every form, eager and compiled, interleaved."""
+    """Training-step throughput, memory and (GPU) MFU of every form, eager and compiled, interleaved.
+
+    The compiled variants are the graphs train.py runs: static shapes. Dynamo marks a dimension dynamic once it
+    has seen the same code (GPT.forward, whatever the model object) at two sizes, so an earlier compile in this
+    process at another batch size would otherwise make these graphs dynamic in the batch dimension."""
+    torch._dynamo.reset()
     variants = {}
     for form in p['forms']:
         for mode in p['modes']:
@@ -101,7 +134,8 @@ def bench_training(p, device, autocast, results):
                                   block_size=p['block_size'], vocab_size=p['vocab_size'], operator=form,
                                   **(dict(gamma_init=-0.3, init_spread=0.2) if form in ('corridor', 'alpha', 'alpha_beta') else {}))).to(device)
             optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if device.startswith('cuda') else 'cpu')
-            variants[(form, mode)] = (model, torch.compile(model) if mode == 'compiled' else model, optimizer)
+            variants[(form, mode)] = (model, torch.compile(model, dynamic=False) if mode == 'compiled' else model,
+                                      optimizer)
     idx = torch.randint(0, p['vocab_size'], (p['batch_size'], p['block_size'] + 1), device=device)
     x, y = idx[:, :-1], idx[:, 1:]
 
@@ -142,6 +176,161 @@ def bench_training(p, device, autocast, results):
         results['training'][f'{form}/{mode}'] = dict(tokens_per_s=tps, throughput_vs_attention=speed,
                                                     memory_bytes=memory[(form, mode)], memory_vs_attention=mem,
                                                     mfu=model.flops_per_token(p['block_size']) * tps / peak if peak else None)
+
+
+def headline(results):
+    return f"ratio corridor/attention (compiled): {results['training']['corridor/compiled']['throughput_vs_attention']:.3f}"
+
+
+# ---------------------------------------------------------------------------------------------- epilogue traffic
+
+class InductorBytes:
+    """`with InductorBytes() as count:` Inductor's own estimate of the bytes its generated kernels read and write
+    (each buffer once per fused kernel, the whole buffer or the part the kernel indexes: what
+    TORCH_LOGS=inductor_metrics prints), summed over the graphs compiled inside, in count.bytes; count.kernels:
+    how many kernels Inductor generated itself (matmuls and attention are library calls: their bytes count, they
+    don't)."""
+
+    def __enter__(self):
+        from torch._functorch import config as aot_config
+        from torch._inductor import config, metrics
+        self.metrics, self.stack = metrics, contextlib.ExitStack()
+        # a cached graph is not generated again, and so not counted
+        self.stack.enter_context(config.patch(fx_graph_cache=False))
+        self.stack.enter_context(aot_config.patch(enable_autograd_cache=False))
+        log = logging.getLogger('torch._inductor.compile_fx.__inductor_metrics')  # at INFO, Inductor counts
+        handler, level, propagate = logging.NullHandler(), log.level, log.propagate
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+        self.stack.callback(lambda: (log.removeHandler(handler), log.setLevel(level),
+                                     setattr(log, 'propagate', propagate)))
+        metrics.reset()
+        return self
+
+    def __exit__(self, *exc):
+        from torch._inductor.scheduler import ExternKernelSchedulerNode, NopKernelSchedulerNode
+        self.bytes = self.metrics.num_bytes_accessed
+        self.kernels = sum(not isinstance(node, (ExternKernelSchedulerNode, NopKernelSchedulerNode))
+                           for node, _ in self.metrics.nodes_num_elem)
+        self.stack.close()
+
+
+def epilogue_traffic(p, device, autocast, results):
+    """The corridor's memory traffic beyond attention's, compiled, counted from Inductor's kernels for one layer
+    (the preset's width, batch 1 × block_size) forward and backward, in [B, T, C] activations; then the GPU
+    throughput ratio that traffic predicts for GPT-2 124M (the constants above)."""
+    B, T, C = 1, p['block_size'], p['n_embd']
+    counts = {}
+    for form in ('attention', 'corridor'):
+        torch.manual_seed(0)
+        torch._dynamo.reset()
+        layer = CausalSelfAttention(GPTConfig(n_layer=1, n_head=p['n_head'], n_embd=C, block_size=T, operator=form,
+                                              **(dict(gamma_init=-0.3) if form == 'corridor' else {}))).to(device)
+        x = torch.randn(B, T, C, device=device, requires_grad=True)  # a block's attention input needs a gradient
+        compiled = torch.compile(layer, dynamic=False)
+        with InductorBytes() as forward, autocast():
+            out = compiled(x)[0]
+        with InductorBytes() as backward:
+            out.backward(torch.randn_like(out))
+        counts[form] = forward, backward
+        unit = B * T * C * out.element_size()  # one [B, T, C] activation in the dtype autocast gives
+    torch._dynamo.reset()
+    (fa, ba), (fc, bc) = counts['attention'], counts['corridor']
+    forward, backward = (fc.bytes - fa.bytes) / unit, (bc.bytes - ba.bytes) / unit
+    backend = 'Triton' if device.startswith('cuda') else f"{torch._inductor.config.cpu_backend} (CPU)"
+    print(f"\ncorridor epilogue, compiled: bytes read and written by Inductor's {backend} kernels, one layer "
+          f"(width {C}, {p['n_head']} heads, {B} × {T}, {p['dtype']}), beyond attention's:")
+    print(f"  forward  +{forward:.2f} [B, T, C] activations, {fc.kernels - fa.kernels:+d} kernels\n"
+          f"  backward +{backward:.2f} [B, T, C] activations, {bc.kernels - ba.kernels:+d} kernels")
+    # the prediction: those bytes at GPT-2 124M's micro-batch, at peak bandwidth, against an attention micro-step
+    with torch.device('meta'):
+        gpt2 = GPT(GPTConfig())  # GPT-2 124M; on 'meta', nothing is allocated
+    m = GPT2_MICRO_BATCH
+    tokens = m['batch_size'] * m['block_size']
+    extra_bytes = (forward + backward) * tokens * gpt2.config.n_embd * m['dtype_bytes'] * gpt2.config.n_layer
+    peak = PEAK_FLOPS['H100']['bfloat16']  # = H200's
+    step = [gpt2.flops_per_token(m['block_size']) * tokens / (peak * mfu) for mfu in ASSUMED_MFU]
+    predicted = {gpu: [t / (t + extra_bytes / bandwidth) for t in step] for gpu, bandwidth in BANDWIDTH.items()}
+    print(f"  GPT-2 124M, micro-batch {m['batch_size']} × {m['block_size']} in bf16, {gpt2.config.n_layer} layers: "
+          f"+{extra_bytes / 1e9:.2f} GB per micro-step; against an attention micro-step of "
+          f"{step[0] * 1e3:.1f}-{step[1] * 1e3:.1f} ms ({ASSUMED_MFU[0]:.0%}-{ASSUMED_MFU[1]:.0%} MFU), at peak "
+          f"bandwidth:\n  predicted ratio corridor/attention (compiled): "
+          + ', '.join(f"{gpu} ({BANDWIDTH[gpu] / 1e12:.2f} TB/s) {r[0]:.3f}-{r[1]:.3f}" for gpu, r in predicted.items()))
+    results['epilogue'] = dict(backend=backend, shape=[B, T, C], dtype=p['dtype'], forward_activations=forward,
+                               backward_activations=backward, forward_kernels=fc.kernels - fa.kernels,
+                               backward_kernels=bc.kernels - ba.kernels, gpt2_extra_bytes=extra_bytes,
+                               assumed_step_s=step, assumed_mfu=list(ASSUMED_MFU), predicted_ratio=predicted)
+
+
+# ---------------------------------------------------------------------------------------------- train.py runs
+
+# train.py's main in a fresh process, then the peak GPU memory it allocated (train.py doesn't report it)
+TRAIN_CHILD = """
+import sys, torch, common, train
+common.main_guard(lambda: train.main(sys.argv[2:]))
+if sys.argv[1].startswith('cuda'):
+    print('peak memory', torch.cuda.max_memory_allocated(sys.argv[1]))
+"""
+LOG_LINE = re.compile(r"iter (\d+): loss ([\d.]+), .*?([\d,]+) tok/s(?:, mfu ([\d.]+)%)?, (\d+) ms/iter")
+
+
+def write_synthetic_tokens(folder, vocab_size, n_tokens, seed=0):
+    """A dataset as prepare.py writes one: 64-token phrases drawn from a fixed set of 1,000, so that the loss falls
+    from ln(vocab_size) as a model learns them; a loss that stays flat means a broken training step."""
+    rng = np.random.default_rng(seed)
+    phrases = rng.integers(0, vocab_size, (1000, 64), dtype=np.uint16)
+    os.makedirs(folder)
+    for split, n in (('train', n_tokens), ('val', max(n_tokens // 10, 4096))):
+        phrases[rng.integers(0, 1000, n // 64 + 1)].ravel()[:n].tofile(os.path.join(folder, f'{split}.bin'))
+    with open(os.path.join(folder, 'meta.json'), 'w') as f:
+        json.dump(dict(vocab_size=vocab_size, tokenizer='synthetic'), f)
+
+
+def bench_train_runs(p, device, results, out_dir, preset):
+    """train.py itself, briefly, for attention and then corridor: its compile, autocast, loop and log lines, on
+    synthetic tokens. tok/s, MFU and ms/iter are the medians of its log windows (which leave out the first,
+    compiling step); the runs are sequential, not interleaved, so their ratio carries the machine's drift."""
+    r = p['train_runs']
+    repo = os.path.dirname(os.path.abspath(__file__))
+    print(f"\ntrain.py runs: {r['config'] or 'the preset model'} {' '.join(r['args'])}, {p['dtype']}, "
+          f"synthetic tokens")
+    with tempfile.TemporaryDirectory() as root:
+        write_synthetic_tokens(os.path.join(root, 'synthetic'), p['vocab_size'], r['tokens'])
+        for form in ('attention', 'corridor'):
+            args = [*([os.path.join(repo, r['config'])] if r['config'] else []), *r['args'], f'--device={device}',
+                    f"--dtype={p['dtype']}", f'--data_root={root}', '--dataset=synthetic', f'--operator={form}',
+                    f'--out_dir={os.path.join(root, "out-" + form)}']
+            log_path = os.path.join(out_dir, f'bench_{preset}_train_{form}.log')
+            t0 = time.time()
+            with open(log_path, 'w') as log:
+                child = subprocess.Popen([sys.executable, '-c', TRAIN_CHILD, device, *args], cwd=repo, text=True,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                lines = []
+                for line in child.stdout:  # shown as it comes: a GPU run takes minutes
+                    log.write(line)
+                    lines.append(line)
+                    if line.startswith(('iter ', 'eval ', 'error')):
+                        print(f"  {form:>9}: {line.rstrip()}")
+            if child.wait():
+                raise RuntimeError(f"train.py --operator={form} failed (exit {child.returncode}): see {log_path}")
+            windows = [m.groups() for m in map(LOG_LINE.match, lines) if m]
+            memory = [int(line.split()[-1]) for line in lines if line.startswith('peak memory')]
+            results['train_runs'][form] = dict(
+                tokens_per_s=statistics.median(float(w[2].replace(',', '')) for w in windows),
+                mfu=statistics.median(float(w[3]) / 100 for w in windows) if windows[0][3] else None,
+                ms_per_iter=statistics.median(float(w[4]) for w in windows),
+                first_loss=float(windows[0][1]), last_loss=float(windows[-1][1]),
+                peak_memory_bytes=memory[0] if memory else None, wall_s=time.time() - t0, log=log_path)
+    runs = results['train_runs']
+    print(f"  {'form':>10} {'tokens/s':>12} {'vs attention':>13} {'MFU':>6} {'ms/iter':>8} {'peak memory MB':>15} "
+          f"{'loss first → last':>18} {'wall s':>7}")
+    for form, run in runs.items():
+        print(f"  {form:>10} {run['tokens_per_s']:>12,.0f} "
+              f"{run['tokens_per_s'] / runs['attention']['tokens_per_s']:>13.3f} "
+              f"{format(run['mfu'], '.1%') if run['mfu'] else '-':>6} {run['ms_per_iter']:>8.0f} "
+              f"{format(run['peak_memory_bytes'] / 2**20, ',.0f') if run['peak_memory_bytes'] else '-':>15} "
+              f"{run['first_loss']:>8.3f} → {run['last_loss']:<7.3f} {run['wall_s']:>7.0f}")
 
 
 # ---------------------------------------------------------------------------------------------- paths, cache, walk
@@ -221,7 +410,9 @@ def bench_walk(p, device, results):
 
 
 def compile_check(p, device, autocast, results):
-    """torch.compile of the corridor model: no graph break, and the same logits as eager."""
+    """torch.compile of the corridor model: no graph break, and the same logits as eager. At batch 2: it runs
+    after the timed steps, and starts from a fresh Dynamo, so it can't turn their graphs dynamic."""
+    torch._dynamo.reset()
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=p['n_layer'], n_head=p['n_head'], n_embd=p['n_embd'], block_size=p['block_size'],
                           vocab_size=p['vocab_size'], operator='corridor', gamma_init=-0.3, init_spread=0.2)).to(device)
@@ -237,14 +428,18 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--preset', choices=list(PRESETS), default='cpu')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--json', default=None, help='write the results here (default: bench_<preset>.json)')
-    parser.add_argument('--skip', default='', help='comma-separated parts to skip: training,paths,kv_cache,walk')
+    parser.add_argument('--out_dir', default='.', help="where bench_<preset>.json and the train.py runs' logs go")
+    parser.add_argument('--json', default=None, help='write the results here (default: OUT_DIR/bench_<preset>.json)')
+    parser.add_argument('--skip', default='', help='comma-separated parts to skip: '
+                        'training,epilogue,train_runs,compile_check,paths,kv_cache,walk')
     args = parser.parse_args(argv)
     p = PRESETS[args.preset]
     device = args.device
     if device.startswith('cuda'):
+        device = str(torch.device(device, torch.cuda.current_device()) if device == 'cuda' else device)
+        torch.cuda.set_device(device)  # what runs without an explicit device (Inductor's autotuning too) goes there
         torch.backends.cuda.matmul.allow_tf32 = True
-        name = torch.cuda.get_device_name()
+        name = torch.cuda.get_device_name(device)
     else:
         name = f"CPU, {torch.get_num_threads()} threads"
     dtype = getattr(torch, p['dtype']) if device.startswith('cuda') else torch.float32
@@ -252,26 +447,38 @@ def main(argv):
     def autocast():
         return torch.autocast(device.split(':')[0], dtype=dtype, enabled=dtype != torch.float32)
     p = {**p, 'dtype': str(dtype).removeprefix('torch.')}
+    os.makedirs(args.out_dir, exist_ok=True)
+    path = args.json or os.path.join(args.out_dir, f'bench_{args.preset}.json')
     print(f"bench.py --preset {args.preset} on {name}, torch {torch.__version__}")
-    results = dict(preset=args.preset, device=name, torch=torch.__version__, training={}, paths={})
+    results = dict(preset=args.preset, device=name, torch=torch.__version__, training={}, train_runs={}, paths={})
+
+    def save():  # after every part: a run cut short keeps what it measured
+        with open(path, 'w') as f:
+            json.dump(results, f, indent=1)
     skip = set(args.skip.split(','))
-    if device.startswith('cuda'):
-        compile_check(p, device, autocast, results)
     if 'training' not in skip:
         bench_training(p, device, autocast, results)
+        if 'corridor/compiled' in results['training']:
+            print(headline(results))  # here, not only at the end: a run cut short keeps it
+        save()
+    if 'epilogue' not in skip:
+        epilogue_traffic(p, device, autocast, results)
+        save()
+    if 'train_runs' not in skip and 'train_runs' in p:
+        bench_train_runs(p, device, results, args.out_dir, args.preset)
+        save()
+    if 'compile_check' not in skip and device.startswith('cuda'):
+        compile_check(p, device, autocast, results)
     if 'paths' not in skip:
         bench_paths(p, device, autocast, results)
     if 'kv_cache' not in skip:
         bench_kv_cache(p, device, autocast, results)
     if 'walk' not in skip:
         bench_walk(p, device, results)
-    path = args.json or f'bench_{args.preset}.json'
-    with open(path, 'w') as f:
-        json.dump(results, f, indent=1)
+    save()
     print(f"\nresults -> {path}")
-    if 'training' not in skip and 'compiled' in p['modes']:
-        ratio = results['training']['corridor/compiled']['throughput_vs_attention']
-        print(f"ratio corridor/attention (compiled): {ratio:.3f}")
+    if 'corridor/compiled' in results['training']:
+        print(headline(results))
 
 
 if __name__ == '__main__':

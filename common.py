@@ -200,12 +200,17 @@ def load_model(source, **overrides):
 
 # ---------------------------------------------------------------------------------------------- MFU
 
-# Dense peak FLOP/s from the vendor data sheets (no sparsity): bf16/fp16 tensor cores, and tf32 for float32.
-PEAK_FLOPS = {  # matched in order against torch.cuda.get_device_name()
-    'H200':      {'bfloat16': 989e12, 'float16': 989e12, 'float32': 494e12},
-    'H100 PCIe': {'bfloat16': 756e12, 'float16': 756e12, 'float32': 378e12},
-    'H100':      {'bfloat16': 989e12, 'float16': 989e12, 'float32': 494e12},
-    'A100':      {'bfloat16': 312e12, 'float16': 312e12, 'float32': 156e12},
+# Dense peak FLOP/s (without 2:4 sparsity, half the data sheets' starred figures) of NVIDIA's data sheets:
+# bf16/fp16 tensor cores, and TF32 for float32 (train.py and bench.py turn TF32 on). Matched in order against
+# torch.cuda.get_device_name(), e.g. 'NVIDIA H100 80GB HBM3', 'NVIDIA H100 NVL', 'NVIDIA H200 NVL': the PCIe and
+# NVL cards come before the SXM parts whose names they contain.
+PEAK_FLOPS = {
+    'H200 NVL':  {'bfloat16': 835e12, 'float16': 835e12, 'float32': 418e12},  # H200 NVL: 1,671 / 835 sparse
+    'H200':      {'bfloat16': 989e12, 'float16': 989e12, 'float32': 494e12},  # H200 SXM: 1,979 / 989 sparse
+    'H100 NVL':  {'bfloat16': 835e12, 'float16': 835e12, 'float32': 418e12},  # H100 NVL: 1,671 / 835 sparse
+    'H100 PCIe': {'bfloat16': 756e12, 'float16': 756e12, 'float32': 378e12},  # H100 PCIe: 1,513 / 756 sparse
+    'H100':      {'bfloat16': 989e12, 'float16': 989e12, 'float32': 494e12},  # H100 SXM: 1,979 / 989 sparse
+    'A100':      {'bfloat16': 312e12, 'float16': 312e12, 'float32': 156e12},  # A100: 312 / 156 dense
 }
 
 
@@ -213,8 +218,12 @@ def peak_flops(device, dtype):
     """The device's peak FLOP/s for dtype ('bfloat16', 'float16', 'float32'), or None when unknown (CPU)."""
     if not str(device).startswith('cuda') or not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name(torch.device(device))
+    return peak_flops_of(torch.cuda.get_device_name(torch.device(device)), dtype)
+
+
+def peak_flops_of(device_name, dtype):
+    """PEAK_FLOPS for a GPU's name as torch.cuda.get_device_name() gives it, or None for one not in the table."""
     for key, peaks in PEAK_FLOPS.items():
-        if key in name:
+        if key in device_name:
             return peaks.get(dtype)
     return None

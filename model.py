@@ -127,6 +127,8 @@ class CausalSelfAttention(nn.Module):
         assert causal or T == 1, "after the first forward, a cached forward takes one token at a time"
         if cache is not None:
             k, v = cache.extend(k, v)
+        # (c_I, c_P) of every head, float32 even under autocast; plain attention, (0, 1), pays nothing for the family
+        c_I, c_P = (None, None) if self.coefficients.is_plain_attention else self.coefficients()
         probs = None
         if return_probs:  # math path: P explicitly
             att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
@@ -134,19 +136,18 @@ class CausalSelfAttention(nn.Module):
                 mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
                 att = att.masked_fill(~mask, float('-inf'))
             probs = F.softmax(att, dim=-1)
-            pv = self.attn_dropout(probs) @ v
+            pv = torch.matmul(*scaled_gradient(c_P, self.attn_dropout(probs), v))
         else:  # fast path: flash / memory-efficient kernels
-            pv = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
-                                                is_causal=causal)
+            pv = F.scaled_dot_product_attention(*scaled_gradient(c_P, q, k, v),
+                                                dropout_p=self.dropout if self.training else 0.0, is_causal=causal)
         # heads are merged in the [B, T, n_head, head_size] layout that c_proj reads; SDPA writes its output that
         # way already, so for plain attention the merge is a free view
-        if self.coefficients.is_plain_attention:  # c_I = 0, c_P = 1: plain attention pays nothing for the family
+        if c_P is None:
             y = self.c_proj(pv.transpose(1, 2).reshape(B, T, C))
         else:
-            c_I, c_P = (c.to(pv.dtype).view(-1, 1) for c in self.coefficients())  # [n_head, 1]
             # out_h = c_I·V_h + c_P·(P_h V_h), heads merged, then c_proj: one fused step, see CorridorProjection
-            y = CorridorProjection.apply(v_self.transpose(1, 2), pv.transpose(1, 2), c_I, c_P,
-                                         self.c_proj.weight, self.c_proj.bias)
+            y = CorridorProjection.apply(v_self.transpose(1, 2), pv.transpose(1, 2), c_I.view(-1, 1),
+                                         c_P.view(-1, 1), self.c_proj.weight, self.c_proj.bias)
         return self.resid_dropout(y), probs
 
 
@@ -438,32 +439,70 @@ class CorridorProjection(torch.autograd.Function):
     the per-head operator out_h = c_I·V_h + c_P·(P_h V_h), then the output projection.
 
     Why a Function: autograd would keep the merged sum for c_proj's backward, one more [B, T, C] activation per
-    layer than plain attention. SDPA keeps V and Y anyway, so the backward recomputes the sum from them (one
-    elementwise pass) and the corridor's activation memory equals attention's, eager and compiled."""
+    layer than plain attention. SDPA keeps V and Y anyway, so the backward recomputes the sum from them and the
+    corridor's activation memory equals attention's, eager and compiled.
+
+    dL/dY is returned without its factor c_P: scaled_gradient() applies it to the gradients of P·V's inputs
+    instead, and the two always go together. That is exact (SDPA's backward is linear in dL/dY) and cheaper:
+    scaling dL/dY would be a pass of its own, writing [B, T, C] before SDPA's backward can start, while dQ, dK, dV
+    get scaled in the pass that copies them into c_attn's gradient anyway, where Inductor (Triton) also adds the
+    c_I term, recomputes the sum and sums dL/dc. Compiled on a GPU, the corridor then costs two passes over
+    [B, T, C] tensors more than attention: forward, read V, Y and write the sum; backward, read dL/dsum, V, Y and
+    write the sum again. bench.py counts it from Inductor's kernels.
+
+    The coefficients stay float32 under autocast: in bf16, δ near 1 moves in steps of 0.4 %, and dL/dc sums
+    B·T·head_size products (786k per head at GPT-2 size), the largest gradients of the model, which float16
+    under a grad scaler would overflow."""
 
     @staticmethod
     def forward(ctx, v, y, c_I, c_P, weight, bias):
         ctx.save_for_backward(v, y, c_I, c_P, weight)
         ctx.has_bias = bias is not None
-        return F.linear((c_I * v + c_P * y).flatten(2), weight, bias)
+        return F.linear((c_I * v + c_P * y).flatten(2), weight, bias)  # autocast rounds the sum, not the c's
 
     @staticmethod
     def backward(ctx, grad):
         v, y, c_I, c_P, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        # Recomputed, in the dtype autocast gave the output. Written in the other order than in forward on
+        grad_merged = (grad @ weight.to(grad.dtype)).view_as(v)
+        # dL/dc in float32, summed over head_size first: that sum has the shape of the elementwise pass, so
+        # Inductor computes it in that pass instead of reading the tensors again (a single sum over (0, 1, 3)
+        # becomes a split reduction of its own)
+        g = grad_merged.float()
+        # The sum recomputed, in the dtype autocast gave the output. Written in the other order than in forward on
         # purpose: under torch.compile, common-subexpression elimination would otherwise merge the two, and
         # Inductor's partitioner would go back to saving the sum (it won't recompute a value the backward
         # materialises anyway)
         merged = (c_P * y + c_I * v).flatten(2).to(grad.dtype)
-        grad_merged = (grad @ weight.to(grad.dtype)).view_as(v)
         rows = grad.flatten(0, -2)
-        return (c_I * grad_merged if needs[0] else None,
-                c_P * grad_merged if needs[1] else None,
-                (grad_merged * v).sum((0, 1, 3)).view_as(c_I) if needs[2] else None,
-                (grad_merged * y).sum((0, 1, 3)).view_as(c_P) if needs[3] else None,
+        return ((c_I * grad_merged).to(v.dtype) if needs[0] else None,
+                grad_merged if needs[1] else None,  # times c_P: see scaled_gradient
+                (g * v).sum(-1).sum((0, 1)).view_as(c_I) if needs[2] else None,
+                (g * y).sum(-1).sum((0, 1)).view_as(c_P) if needs[3] else None,
                 rows.T @ merged.flatten(0, -2) if needs[4] else None,
                 rows.sum(0) if ctx.has_bias and needs[5] else None)
+
+
+def scaled_gradient(c_P, *tensors):
+    """The inputs of P·V, each [B, n_head, ...], unchanged, but with their gradients multiplied by c_P [n_head]:
+    the factor CorridorProjection leaves out of dL/dY. The math path passes (P, V), not (Q, K, V), so that the P
+    it hands back keeps its exact gradient. Plain attention (c_P None) gets the tensors as they are."""
+    return tensors if c_P is None else ScaleGradient.apply(c_P, *tensors)
+
+
+class ScaleGradient(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient of every tensor [B, n_head, ...] by c [n_head]."""
+
+    @staticmethod
+    def forward(ctx, c, *tensors):
+        ctx.save_for_backward(c)
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        c, = ctx.saved_tensors
+        c = c.view(-1, 1, 1)
+        return None, *((g * c).to(g.dtype) if g is not None else None for g in grads)
 
 
 class KVCache:

@@ -1,25 +1,87 @@
 """bench.py runs end to end at a tiny size and reports every measurement (no timing assertions)."""
 
 import json
+import math
+from contextlib import nullcontext
 
+import torch
+
+import bench
 from conftest import run_script
 
 
 def test_bench_tiny_preset_runs_end_to_end(tmp_path):
-    result = run_script('bench.py', '--preset', 'tiny', '--device', 'cpu', '--json', tmp_path / 'bench.json',
-                        cwd=tmp_path)
+    result = run_script('bench.py', '--preset', 'tiny', '--device', 'cpu', '--out_dir', tmp_path / 'out', cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
-    assert lines[-1].startswith('ratio corridor/attention (compiled): ')
+    # the headline comes right after the training table (a run cut short keeps it), and again as the last line
+    headline = [i for i, line in enumerate(lines) if line.startswith('ratio corridor/attention (compiled): ')]
+    assert len(headline) == 2 and headline[1] == len(lines) - 1
+    assert lines[headline[0] - 1].lstrip().startswith('corridor') and 'compiled' in lines[headline[0] - 1]
     float(lines[-1].split(': ')[1])
-    results = json.loads((tmp_path / 'bench.json').read_text())
+    results = json.loads((tmp_path / 'out' / 'bench_tiny.json').read_text())
     assert set(results['training']) == {'attention/eager', 'attention/compiled', 'corridor/eager', 'corridor/compiled'}
     for entry in results['training'].values():
         assert entry['tokens_per_s'] > 0 and entry['memory_bytes'] > 0 and entry['mfu'] is None  # no MFU on CPU
     # the corridor keeps no more activations than attention, eager and compiled
     assert results['training']['corridor/compiled']['memory_vs_attention'] < 1.001
     assert results['training']['corridor/eager']['memory_vs_attention'] < 1.001
+    # The epilogue's traffic as counted from Inductor's C++ kernels, against the count by hand, in [B, T, C]
+    # activations: forward, read V, Y and write the sum; backward, read dL/dsum, V, Y and write the sum again (the
+    # pass that also adds c_I·dL/dsum to V's gradient), plus the dL/dc sums, which the C++ backend computes in
+    # passes of their own (read dL/dsum and V, dL/dsum and Y: Triton fuses them into the pass above) and whose
+    # [B·T, n_head] float32 partial sums are written and read once each
+    epilogue = results['epilogue']
+    n_head, n_embd = bench.PRESETS['tiny']['n_head'], bench.PRESETS['tiny']['n_embd']
+    assert epilogue['backend'].startswith('cpp')
+    assert math.isclose(epilogue['forward_activations'], 3, abs_tol=0.01)
+    assert math.isclose(epilogue['backward_activations'], 4 + 4 + 4 * n_head / n_embd, abs_tol=0.02)
+    h100, h200 = epilogue['predicted_ratio']['H100 SXM'], epilogue['predicted_ratio']['H200']
+    assert 0.9 < h100[0] < h200[0] < 1 and h100[1] < h100[0]  # more bandwidth, or a slower step: closer to 1
+    # the two short train.py runs: their own log lines, parsed
+    for form in ('attention', 'corridor'):
+        run = results['train_runs'][form]
+        assert run['tokens_per_s'] > 0 and run['ms_per_iter'] > 0 and math.isfinite(run['last_loss'])
+        assert run['mfu'] is None and run['peak_memory_bytes'] is None  # CPU
+        assert (tmp_path / 'out' / f'bench_tiny_train_{form}.log').read_text().count('iter ') >= 2
     # the math path holds the T×T matrices, the fast path does not
     for length, entry in results['paths'].items():
         assert entry['math_memory_bytes'] > entry['fast_memory_bytes']
     assert results['kv_cache']['speedup'] > 0 and results['walk']['speedup'] > 0
+
+
+def test_timed_compiled_models_are_the_static_shape_graphs_train_py_runs(monkeypatch):
+    """Even after a compile of the same model code at another batch size (the GPU preset's compile check), the
+    timed graphs see fixed sizes, not a dynamic batch dimension."""
+    shapes, real_compile = [], torch.compile
+
+    def recording_compile(model, **kwargs):
+        def backend(graph, example_inputs):  # the graph Dynamo hands the compiler, run eagerly: only shapes matter
+            shapes.extend(tuple(node.meta['example_value'].shape) for node in graph.graph.find_nodes(op='placeholder')
+                          if isinstance(node.meta.get('example_value'), torch.Tensor))
+            return graph.forward
+        return real_compile(model, backend=backend, **kwargs)
+    monkeypatch.setattr(torch, 'compile', recording_compile)
+    p = {**bench.PRESETS['tiny'], 'modes': ('compiled',), 'rounds': 1, 'batch_size': 3}
+    bench.compile_check(p, 'cpu', nullcontext, {})  # batch 2
+    shapes.clear()
+    bench.bench_training(p, 'cpu', nullcontext, {'training': {}})  # batch 3
+    assert (3, 64) in shapes and all(isinstance(size, int) for shape in shapes for size in shape)
+
+
+def test_device_synchronization_and_memory_statistics_use_the_given_device(monkeypatch, tmp_path):
+    """--device, not the current device, everywhere; a bare 'cuda' becomes the current device's index. (CUDA's
+    functions are stand-ins that record what they were asked: no GPU here.)"""
+    calls = []
+    for name in ('synchronize', 'reset_peak_memory_stats', 'memory_allocated', 'max_memory_allocated',
+                 'set_device', 'get_device_name'):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None, name=name: calls.append((name, device)) or 0)
+    monkeypatch.setattr(torch.cuda, 'current_device', lambda: 1)
+    with bench.Memory('cuda:1'):
+        pass
+    bench.timed(lambda: None, 'cuda:1')
+    assert len(calls) == 7 and all(device == 'cuda:1' for _, device in calls)
+    calls.clear()
+    everything = 'training,epilogue,train_runs,compile_check,paths,kv_cache,walk'
+    bench.main(['--preset', 'tiny', '--device', 'cuda', '--skip', everything, '--out_dir', str(tmp_path)])
+    assert calls == [('set_device', 'cuda:1'), ('get_device_name', 'cuda:1')]

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, OPERATORS, CausalSelfAttention, CorridorProjection, GPTConfig, gamma_delta
+from model import (GPT, OPERATORS, CausalSelfAttention, CorridorProjection, GPTConfig, gamma_delta,
+                   scaled_gradient)
 
 FORMS = list(OPERATORS)
 LEARNABLE = ['corridor', 'alpha', 'alpha_beta']
@@ -223,6 +224,13 @@ def test_operator_scalar_gradients_match_finite_differences(operator, extra):
                 assert g[h].item() == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-9)
 
 
+def corridor_epilogue(v, y, c_I, c_P, weight, bias):
+    """CorridorProjection as the model uses it, for y [B, T, H, hs]: dL/dY's factor c_P enters through
+    scaled_gradient, on P·V's side."""
+    y, = scaled_gradient(c_P.view(-1), y.transpose(1, 2))
+    return CorridorProjection.apply(v, y.transpose(1, 2), c_I, c_P, weight, bias)
+
+
 def test_corridor_projection_gradients_match_finite_differences():
     g = torch.Generator().manual_seed(0)
     qkv = torch.randn(2, 5, 3, 3, 4, dtype=torch.float64, generator=g)  # [B, T, q|k|v, H, hs]
@@ -231,10 +239,73 @@ def test_corridor_projection_gradients_match_finite_differences():
     c_I, c_P = (torch.randn(3, 1, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(2))
     weight = torch.randn(6, 12, dtype=torch.float64, generator=g, requires_grad=True)
     bias = torch.randn(6, dtype=torch.float64, generator=g, requires_grad=True)
-    assert torch.autograd.gradcheck(CorridorProjection.apply, (v, y, c_I, c_P, weight, bias))
-    assert torch.autograd.gradcheck(CorridorProjection.apply, (v, y, c_I, c_P, weight, None))
+    assert torch.autograd.gradcheck(corridor_epilogue, (v, y, c_I, c_P, weight, bias))
+    assert torch.autograd.gradcheck(corridor_epilogue, (v, y, c_I, c_P, weight, None))
     expected = F.linear((c_I * v + c_P * y).flatten(2), weight, bias)
     torch.testing.assert_close(CorridorProjection.apply(v, y, c_I, c_P, weight, bias), expected)
+
+
+@pytest.mark.parametrize('return_probs', [False, True])
+@pytest.mark.parametrize('operator', ['corridor', 'laplacian'])  # learnt (c_I, c_P); c_P = -1 on the last head
+def test_attention_gradients_match_finite_differences_on_both_paths(operator, return_probs):
+    """dL/dx reaches Q, K and V through P·V, where the fast path and the math path apply c_P's factor to the
+    gradient in different places (scaled_gradient); the math path's P is exact too."""
+    torch.manual_seed(0)
+    extra = dict(gamma_init=-0.4, delta_init=1.3, init_spread=0.3) if operator == 'corridor' else {}
+    attn = CausalSelfAttention(tiny_config(operator=operator, n_head=2, n_embd=8, **extra)).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    outputs = (lambda x: attn(x, return_probs=True)) if return_probs else (lambda x: attn(x)[0])
+    assert torch.autograd.gradcheck(outputs, (x,), fast_mode=True)  # a random projection of the Jacobian
+
+
+@pytest.mark.parametrize('operator', FORMS)
+def test_fast_path_and_math_path_give_the_same_gradients(operator):
+    model = build(operator=operator, init_spread=0.3 if operator in LEARNABLE else 0.0).double()
+    idx, targets = tokens(), tokens(seed=2)
+    grads = []
+    for logits in (model(idx)[0], model.forward_with_probs(idx)[0]):
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        grads.append(torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad]))
+    for fast, slow in zip(*grads):
+        torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_coefficient_gradients_are_float32_sums_under_autocast(dtype):
+    """dL/dc sums B·T·head_size products per head: in float32, not rounded to the autocast dtype (bf16 keeps 3
+    significant digits; float16 overflows past 65504, and a grad scaler multiplies the gradient by 2^16)."""
+    g = torch.Generator().manual_seed(0)
+    B, T, H, hs = 4, 64, 3, 16
+    # inputs exact in both dtypes, and positive, so that the sums have no cancellation to hide an error in
+    v, y = (torch.rand(B, T, H, hs, generator=g).to(dtype) for _ in range(2))
+    weight = torch.rand(24, H * hs, generator=g).to(dtype).float()
+    grad = (torch.rand(B, T, 24, generator=g) * 16).to(dtype)  # as if scaled by a grad scaler: sums reach ~1e6
+    c_I = torch.tensor([[-0.3], [0.1], [0.0]], requires_grad=True)
+    c_P = torch.tensor([[1.0], [0.8], [-1.0]], requires_grad=True)
+    with torch.autocast('cpu', dtype=dtype):
+        out = corridor_epilogue(v, y, c_I, c_P, weight, None)
+    out.backward(grad)
+    grad_merged = (grad.double() @ weight.double()).view(B, T, H, hs)
+    for c, x in ((c_I, v), (c_P, y)):
+        assert c.grad.dtype == torch.float32
+        expected = (grad_merged * x.double()).sum((0, 1, 3)).view(H, 1).float()
+        assert expected.min() > 65504  # beyond float16, where the old sums overflowed
+        # the only rounding left is grad_merged's, per element, which averages out over the sum; a result
+        # rounded to bf16 would be off by up to 4e-3
+        torch.testing.assert_close(c.grad, expected, rtol=2e-4, atol=0)
+
+
+def test_delta_below_a_bf16_step_still_changes_the_output():
+    """Under bf16 autocast the coefficients are not rounded to bf16 (where 1 + 2^-10 is 1): only the sum is."""
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(tiny_config(operator='corridor', gamma_init=-0.3)).eval()
+    x = torch.randn(2, 16, 32)
+    outputs = []
+    for delta in (1.0, 1.0 + 2 ** -10):
+        with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+            attn.coefficients.delta.fill_(delta)
+            outputs.append(attn(x)[0])
+    assert not torch.equal(*outputs)
 
 
 def test_corridor_trains_under_bf16_autocast_like_float32():
