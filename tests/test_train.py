@@ -64,7 +64,7 @@ def test_resume_logs_the_same_losses_bit_for_bit(tiny_data_root, tmp_path):
 
 def test_ctrl_c_saves_at_an_iteration_boundary_and_resume_matches_the_uninterrupted_run(tiny_data_root, tmp_path):
     # long enough (~2 s of training) that the signal lands in the middle of the run, not after its end
-    common = ['--operator=corridor', '--eval_interval=50', '--lr_decay_iters=1000', '--max_iters=1000']
+    common = ['--operator=corridor', '--eval_interval=100', '--lr_decay_iters=1000', '--max_iters=1000']
     whole, stopped = tmp_path / 'whole', tmp_path / 'stopped'
     assert train(tiny_data_root, whole, *common).returncode == 0
     process = subprocess.Popen([sys.executable, str(REPO / 'train.py'), *TINY_TRAIN_ARGS, *common,
