@@ -137,7 +137,8 @@ STUDIES = {
     'claims': Study(
         "The paper's claims (a)–(d), and whether the forms behave alike",
         parts=tuple(Part(s, CLAIMS, 3) for s in ('shakespeare_char/small', 'wikitext2_char/small')),
-        gpu_parts=(Part('openwebtext/gpt2_124m', CLAIMS, 3),),
+        # at 12 heads, a quarter of them Laplacian (3), as 1 of 4 at CPU scale
+        gpu_parts=(Part('openwebtext/gpt2_124m', tuple(v if v != 'laplacian' else 'laplacian=3' for v in CLAIMS), 3),),
         figures='claims_figures'),
     'fixed_gamma': Study(
         "Claim (d): does some fixed γ inside the corridor, δ = 1, beat attention?",
