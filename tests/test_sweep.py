@@ -14,11 +14,17 @@ TINY_RUN = [*TINY_TRAIN_ARGS, '--max_iters=6', '--lr_decay_iters=6', '--eval_int
             '--walk_interval=3', '--walk_seqs=2']
 
 
-def test_paired_verdict_is_inconclusive_inside_the_seed_spread():
+def test_paired_verdict_is_a_two_sided_t_test_at_five_percent():
     assert sweep.paired_verdict([-0.02, -0.021, -0.019])[2] == 'lower'
     assert sweep.paired_verdict([0.02, 0.021, 0.019])[2] == 'higher'
     assert sweep.paired_verdict([-0.02, 0.01, -0.03])[2] == 'inconclusive'  # seeds disagree
-    assert sweep.paired_verdict([-0.001, -0.03, -0.0001])[2] == 'inconclusive'  # mean within 2 standard errors
+    assert sweep.paired_verdict([-0.001, -0.03, -0.0001])[2] == 'inconclusive'  # mean within the spread
+    # three seeds of one sign with t = 2.31: beyond 2 standard errors, but short of t(2) = 4.30
+    assert sweep.paired_verdict([0.01, 0.04, 0.07])[2] == 'inconclusive'
+    # eight seeds, one of the other sign: t = 5.9 against t(7) = 2.36
+    assert sweep.paired_verdict([-0.01, -0.012, 0.001, -0.011, -0.009, -0.013, -0.008, -0.01])[2] == 'lower'
+    mean, std, _ = sweep.paired_verdict([0.01, 0.04, 0.07])
+    assert (mean, std) == (pytest.approx(0.04), pytest.approx(0.03))
     assert sweep.paired_verdict([-0.02])[2] == 'inconclusive'  # one seed says nothing about the spread
     assert sweep.paired_verdict([])[2] == 'not measured'
 
