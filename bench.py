@@ -48,7 +48,7 @@ PRESETS = {
                 dtype='float32', path_lengths=(1024, 2048), path_layers=2, new_tokens=256,
                 walk=dict(n_embd=768, n_head=12, seq_len=64, edges=6)),
     # GPT-2 124M at train.py's micro-batch (configs/owt_gpt2_124m.py: 12 × 1024)
-    'gpu': dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257, batch_size=12, rounds=5,
+    'gpu': dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257, bias=False, batch_size=12, rounds=5,
                 steps=10, forms=('attention', 'corridor'), modes=('eager', 'compiled'), dtype='bfloat16',
                 path_lengths=(1024, 2048), path_layers=12, new_tokens=256,
                 walk=dict(n_embd=768, n_head=12, seq_len=64, edges=20),
@@ -131,7 +131,8 @@ def bench_training(p, device, autocast, results):
         for mode in p['modes']:
             torch.manual_seed(0)
             model = GPT(GPTConfig(n_layer=p['n_layer'], n_head=p['n_head'], n_embd=p['n_embd'],
-                                  block_size=p['block_size'], vocab_size=p['vocab_size'], operator=form,
+                                  block_size=p['block_size'], vocab_size=p['vocab_size'], bias=p.get('bias', True),
+                                  operator=form,
                                   **(dict(gamma_init=-0.3, init_spread=0.2) if form in ('corridor', 'alpha', 'alpha_beta') else {}))).to(device)
             optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if device.startswith('cuda') else 'cpu')
             variants[(form, mode)] = (model, torch.compile(model, dynamic=False) if mode == 'compiled' else model,

@@ -198,7 +198,19 @@ def load_model(source, **overrides):
     return model_from_checkpoint(ckpt, **overrides), ckpt['meta']
 
 
-# ---------------------------------------------------------------------------------------------- MFU
+# ---------------------------------------------------------------------------------------------- dtype and MFU
+
+
+def resolve_dtype(dtype, device):
+    """'auto': bfloat16 on a GPU that computes it natively (compute capability 8.0 and up), float16 with a grad
+    scaler on older GPUs (torch.cuda.is_bf16_supported also counts the slow emulated bf16 of a V100 or T4), float32
+    on CPU."""
+    if dtype != 'auto':
+        return dtype
+    if not device.startswith('cuda'):
+        return 'float32'
+    return 'bfloat16' if torch.cuda.get_device_capability(torch.device(device))[0] >= 8 else 'float16'
+
 
 # Dense peak FLOP/s (without 2:4 sparsity, half the data sheets' starred figures) of NVIDIA's data sheets:
 # bf16/fp16 tensor cores, and TF32 for float32 (train.py and bench.py turn TF32 on). Matched in order against

@@ -14,7 +14,7 @@ from contextlib import nullcontext
 
 import torch
 
-from common import UserError, load_model, main_guard, parse_config, tokenizer_from_meta
+from common import UserError, load_model, main_guard, parse_config, resolve_dtype, tokenizer_from_meta
 
 DEFAULTS = dict(
     init_from='resume',   # 'resume': out_dir/ckpt.pt; or a GPT-2 name ('gpt2', 'gpt2-medium', ...) or local folder
@@ -27,7 +27,7 @@ DEFAULTS = dict(
     seed=1337,
     use_cache=True,       # KV cache: the same tokens as recomputing every position, faster
     device='cuda' if torch.cuda.is_available() else 'cpu',
-    dtype='auto',         # 'auto': bfloat16 on a GPU that has it, else float32
+    dtype='auto',         # 'auto': bfloat16 on GPUs that compute it natively, float16 on older ones, float32 on CPU
 )
 
 
@@ -60,9 +60,7 @@ def main(argv):
     device_type = 'cuda' if device.startswith('cuda') else 'cpu'
     if device_type == 'cuda' and not torch.cuda.is_available():
         raise UserError(f"device={device!r} but CUDA is not available here (use --device=cpu)")
-    dtype = cfg['dtype']
-    if dtype == 'auto':
-        dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+    dtype = resolve_dtype(cfg['dtype'], device)
     autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
     model.eval().to(device)
     generator = torch.Generator(device=device).manual_seed(cfg['seed'])

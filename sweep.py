@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch
 from tqdm import tqdm
 
-from common import UserError, load_checkpoint, main_guard, model_config, parse_config
+from common import PEAK_FLOPS, UserError, load_checkpoint, main_guard, model_config, parse_config
 from model import in_corridor
 
 # ------------------------------------------------------------------------------------------------ variants
@@ -157,7 +157,7 @@ STUDIES = {
         figures='scales_figures'),
     'gamma_dynamics': Study(
         "Claim (b): where do heads settle, from γ0 = 0 and from γ0 ~ U(−0.5, 0.5), at operator_lr_mult 1 and 10?",
-        parts=(Part('shakespeare_char/small-long', DYNAMICS, 2),
+        parts=(Part('shakespeare_char/small-long', DYNAMICS, 1),
                Part('wikitext2/small-long', ('attention', 'corridor', 'corridor_lr'), 1)),
         gpu_parts=(Part('openwebtext/gpt2_124m-long', DYNAMICS, 1),),
         figures='gamma_dynamics_figures'),
@@ -191,6 +191,8 @@ def plan_runs(parts, out_root, base, train_args, need_data=True):
     runs = {}
     for part in parts:
         config_file, keys = SETTINGS[part.setting] if part.setting else (base, {})
+        if part.setting:  # the settings' base configs sit in this repository, wherever the command runs from
+            config_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), config_file)
         folder = os.path.join(out_root, part.setting) if part.setting else out_root
         if not os.path.isfile(config_file):
             raise UserError(f"base config {config_file!r} not found")
@@ -201,6 +203,9 @@ def plan_runs(parts, out_root, base, train_args, need_data=True):
                 args = [config_file, *(f'--{k}={v!r}' for k, v in {**keys, **variant_keys}.items()),
                         f'--seed={seed}', f'--out_dir={out_dir}', '--overwrite=True', *train_args]
                 config = parse_config(DEFAULTS, args)  # a bad key or value fails here, before any run starts
+                if not config['always_save_checkpoint']:  # else a run whose last eval is not its best never ends
+                    raise UserError("a study reads every run's final state from its ckpt.pt: leave "
+                                    "always_save_checkpoint=True")
                 model_config({**config, 'vocab_size': 256})
                 meta = os.path.join(config['data_root'], config['dataset'], 'meta.json')
                 if need_data and not os.path.isfile(meta):
@@ -212,7 +217,7 @@ def plan_runs(parts, out_root, base, train_args, need_data=True):
 
 # the budget estimate's assumptions: H100 SXM dense bf16 peak, and the MFU nanoGPT-style training typically
 # reaches there with torch.compile (an assumption, not a measurement of this repo)
-PLAN_PEAK, PLAN_MFU = 989e12, 0.40
+PLAN_PEAK, PLAN_MFU = PEAK_FLOPS['H100']['bfloat16'], 0.40
 
 
 def print_plan(runs):
@@ -283,7 +288,7 @@ T_CRITICAL = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.
 def paired_verdict(differences):
     """(mean, std, verdict) of paired differences (one per seed): 'lower' / 'higher' when a two-sided paired
     t-test rejects "no difference" at 5 %, |mean| > t(n−1) · std / √n; otherwise 'inconclusive' (the difference is
-    inside the seed spread). With 3 seeds that asks for |mean| > 2.48 std, with 8 for |mean| > 0.82 std."""
+    inside the seed spread). With 3 seeds that asks for |mean| > 2.48 std, with 8 for |mean| > 0.84 std."""
     n = len(differences)
     if n == 0:
         return float('nan'), float('nan'), 'not measured'
@@ -291,7 +296,7 @@ def paired_verdict(differences):
     if n < 2:
         return mean, float('nan'), 'inconclusive'
     std = statistics.stdev(differences)
-    t = T_CRITICAL[n - 2] if n - 1 <= len(T_CRITICAL) else 1.96
+    t = T_CRITICAL[min(n - 2, len(T_CRITICAL) - 1)]  # beyond 30 degrees of freedom: 30's (slightly strict)
     if abs(mean) > t * std / math.sqrt(n):
         return mean, std, 'lower' if mean < 0 else 'higher'
     return mean, std, 'inconclusive'
@@ -452,7 +457,8 @@ def fixed_gamma_figures(results, out):
         ax.set_ylabel('val loss − attention (nats per token)')
         ax.set_title(setting, fontsize=10)
         ax.legend(fontsize=7)
-        cells = [f"{d[0]:+.4f} ± {d[1]:.4f} {d[2]}" for _, d in points]
+        done = dict(points)
+        cells = [f"{done[g][0]:+.4f} ± {done[g][1]:.4f} {done[g][2]}" if g in done else '–' for g in FIXED_GAMMAS]
         lines.append(f"| {setting} | " + ' | '.join(cells) +
                      (f" | {fmt(corridor['vs_attention'])} (γ̄ {corridor['gamma_mean']:+.3f})" if corridor else ' | –') + ' |')
     fig.suptitle('Claim (d): does some fixed γ inside the corridor beat attention?', fontsize=11)
@@ -553,9 +559,12 @@ def geometry_figures(results, out):
              "the variant and for its full operator c_I·I + c_P·P. r: correlation over evaluations and seeds "
              "between the learnable corridor's difference (full operator, all layers) and its mean γ.", '']
     for setting, (loaded, summary) in results.items():
-        variants = [v for v in summary if v != 'attention' and ('attention', summary[v]['seeds'][0]) in loaded]
-        if 'attention' not in summary or walk_series(loaded[('attention', summary['attention']['seeds'][0])]['log'],
-                                                     'attention', 'drift') is None:
+        # pair by seed the finished runs that logged their walk (a study may be partway, a run may lack walk_interval)
+        logged = {key for key, run in loaded.items() if walk_series(run['log'], 'attention', 'drift') is not None}
+        seeds = {v: [s for s in summary[v]['seeds'] if (v, s) in logged and ('attention', s) in logged]
+                 for v in summary}
+        variants = [v for v in summary if v != 'attention' and seeds[v]]
+        if not seeds.get('attention'):
             lines += [f"{setting}: no walk geometry logged (train with walk_interval)", '']
             continue
 
@@ -567,13 +576,13 @@ def geometry_figures(results, out):
         lines += [f"#### {setting}", '', header, '|---|---|---|' + '---|---|' * len(variants)]
         for key, name in WALK_PANELS:
             for regime in ('initial', 'middle', 'final'):
-                base = {s: final('attention', s, 'attention', key)[regime] for s in summary['attention']['seeds']}
+                base = {s: final('attention', s, 'attention', key)[regime] for s in seeds['attention']}
                 if any(b is None for b in base.values()):
                     continue
                 cells = [f"{statistics.fmean(base.values()):.4g}"]
                 for v in variants:
                     for part in ('attention', 'operator'):
-                        diffs = [final(v, s, part, key)[regime] - base[s] for s in summary[v]['seeds'] if s in base]
+                        diffs = [final(v, s, part, key)[regime] - base[s] for s in seeds[v]]
                         mean, std, verdict = paired_verdict(diffs)
                         cells.append(f"{mean:+.3g} ± {std:.2g} {verdict}")
                 lines.append(f"| {name} | {regime} | " + ' | '.join(cells) + ' |')
@@ -585,18 +594,20 @@ def geometry_figures(results, out):
         for col, (key, name) in enumerate(WALK_PANELS):
             ax, pooled = axes[0][col], []
             for v in variants:
-                for s in summary[v]['seeds']:
+                for s in seeds[v]:
                     _, ours = walk_series(loaded[(v, s)]['log'], 'operator' if summary[v]['operator_scalars'] else 'attention', key)
                     _, theirs = walk_series(loaded[('attention', s)]['log'], 'attention', key)
                     gamma = torch.tensor([e['gamma'] for e in loaded[(v, s)]['log'] if 'walk' in e]).mean((1, 2))
+                    if ours.shape != theirs.shape:  # evaluated at other iterations: not comparable step by step
+                        continue
                     diff = (ours - theirs).mean(1)  # all layers
                     if v == 'corridor':
                         pooled += list(zip(gamma.tolist(), diff.tolist()))
                         ax.plot(gamma.tolist(), diff.tolist(), '.-', color='tab:red', lw=0.8,
-                                label='learnable corridor, every evaluation' if s == summary[v]['seeds'][0] else None)
+                                label='learnable corridor, every evaluation' if s == seeds[v][0] else None)
                     elif v.startswith('fixed_gamma'):
                         ax.plot([gamma[-1].item()], [diff[-1].item()], 'o', color='tab:blue',
-                                label='fixed γ, end of training' if s == summary[v]['seeds'][0] else None)
+                                label='fixed γ, end of training' if s == seeds[v][0] else None)
             if len(pooled) > 2:
                 r = torch.corrcoef(torch.tensor(pooled, dtype=torch.float64).T)[0, 1].item()
                 correlations.append(f"{name}: r = {r:+.2f}")
@@ -606,7 +617,7 @@ def geometry_figures(results, out):
         axes[0][0].legend(fontsize=7)
         name = setting.replace('/', '_')
         save(fig, os.path.join(out, f'geometry_vs_gamma_{name}.png'))
-        plot_walk_evolution({v: [loaded[(v, s)]['log'] for s in summary[v]['seeds']] for v in summary},
+        plot_walk_evolution({v: [loaded[(v, s)]['log'] for s in seeds[v]] for v in ('attention', *variants)},
                             os.path.join(out, f'geometry_{name}.png'), setting)
         lines += [f"Does the difference track γ? {'; '.join(correlations) or 'too few evaluations'}.", '',
                   f"![geometry during training, {setting}](geometry_{name}.png)", '',

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from common import (UserError, load_checkpoint, load_model, main_guard, model_config, model_from_checkpoint,
-                    parse_config, peak_flops, save_checkpoint)
+                    parse_config, peak_flops, resolve_dtype, save_checkpoint)
 from model import GPT, gamma_delta, in_corridor
 
 # ------------------------------------------------------------------------------------------------------------
@@ -158,17 +158,6 @@ def setup_processes(cfg):
         raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be divisible by "
                         f"the {world} DDP processes")
     return True, rank, world, device
-
-
-def resolve_dtype(dtype, device):
-    """'auto': bfloat16 on a GPU that computes it natively (compute capability 8.0 and up), float16 with a grad
-    scaler on older GPUs (torch.cuda.is_bf16_supported also counts the slow emulated bf16 of a V100 or T4), float32
-    on CPU."""
-    if dtype != 'auto':
-        return dtype
-    if not device.startswith('cuda'):
-        return 'float32'
-    return 'bfloat16' if torch.cuda.get_device_capability(torch.device(device))[0] >= 8 else 'float16'
 
 
 class Data:
@@ -375,7 +364,7 @@ def main(argv):
     master = rank == 0
     dtype = resolve_dtype(cfg.dtype, device)
     autocast = nullcontext() if dtype == 'float32' else torch.autocast(device.split(':')[0], getattr(torch, dtype))
-    torch.manual_seed(cfg.seed + rank)  # dropout differs per rank; the weights are rank 0's (DDP broadcasts)
+    torch.manual_seed(cfg.seed)  # the same initial model on every rank (below)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     micro_steps = cfg.gradient_accumulation_steps // world  # per process
@@ -385,7 +374,11 @@ def main(argv):
     # sees exactly the batches of one process with the same gradient_accumulation_steps.
     data_rng = torch.Generator().manual_seed(cfg.seed)
 
+    # Built from one seed on every rank: DDP broadcasts rank 0's parameters, not the fixed operator scalars, which
+    # are buffers (and may be drawn: init_spread). Then each rank reseeds for its own dropout masks.
     raw_model = build_model(cfg, data.meta['vocab_size'], ckpt)
+    if rank > 0:
+        torch.manual_seed(cfg.seed + rank)
     if raw_model.config.vocab_size != data.meta['vocab_size']:
         raise UserError(f"the model's vocabulary ({raw_model.config.vocab_size}) does not match the data's "
                         f"({data.meta['vocab_size']}, {data.meta['tokenizer']} tokenizer in {data.dir})")

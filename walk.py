@@ -451,7 +451,6 @@ def walk_model(walker, idx, sweep_idx, part, args, desc):
     numbers = {k: v for k, v in r.items() if k not in ('a_eff', 'gram')}
     numbers['by_depth'] = {k: depth_regimes(v) for k, v in numbers.items()
                            if isinstance(v, list) and k != 'drift' and None not in v}
-    numbers['gram_by_depth'] = {k: numbers['by_depth'][k] for k in ('gram_diag_mean', 'gram_offdiag_mean')}
     if sweep_idx:
         numbers['context_sweep'] = {}
         for length, seqs in tqdm(sweep_idx.items(), desc=f'{desc}: context sweep', unit='length'):

@@ -125,10 +125,14 @@ def test_non_finite_loss_stops_with_one_line_and_keeps_the_last_checkpoint(tiny_
     assert after['ckpt.pt'] == before['ckpt.pt']
 
 
-def test_ddp_two_gloo_processes_reach_the_losses_of_one_process(tiny_data_root, tmp_path):
+@pytest.mark.parametrize('operator', [['--operator=corridor'],
+                                      # fixed γ0 drawn per head: buffers, which DDP leaves to each rank to build
+                                      ['--operator=corridor', '--init_spread=0.4', '--learn_gamma=False']],
+                         ids=['learnable', 'drawn-fixed-gamma'])
+def test_ddp_two_gloo_processes_reach_the_losses_of_one_process(tiny_data_root, tmp_path, operator):
     """Same global batch (gradient_accumulation_steps=4: 4 micro-batches in one process, 2 in each of two).
     Tolerance 1e-5 relative: gloo sums the two gradients in another order than one process accumulates them."""
-    common = [*TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', '--operator=corridor', '--max_iters=20',
+    common = [*TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', *operator, '--max_iters=20',
               '--eval_interval=10', '--lr_decay_iters=20', '--gradient_accumulation_steps=4']
     single = run_script('train.py', *common, f'--out_dir={tmp_path / "single"}', cwd=tiny_data_root)
     assert single.returncode == 0, single.stderr[-2000:]
@@ -387,7 +391,7 @@ def test_wandb_log_without_wandb_is_one_line(tiny_data_root, tmp_path):
 @pytest.mark.parametrize('capability,expected', [((7, 0), 'float16'), ((7, 5), 'float16'), ((8, 0), 'bfloat16'),
                                                  ((9, 0), 'bfloat16')])
 def test_auto_dtype_is_bfloat16_only_where_the_gpu_computes_it_natively(monkeypatch, capability, expected):
-    from train import resolve_dtype
+    from common import resolve_dtype
     monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda including_emulation=True: True)  # a V100 says yes
     assert resolve_dtype('auto', 'cuda:0') == expected
