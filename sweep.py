@@ -147,7 +147,7 @@ STUDIES = {
         figures='fixed_gamma_figures'),
     'scales': Study(
         "Claim (a) across scales: does the learnable corridor's gain hold from 0.1M to 2.7M parameters?",
-        # eight seeds where runs are cheap (tiny: 20 s), three where they are not (medium-x2: 10 min on one core)
+        # eight seeds where runs are cheap (tiny: 20 s), three where they are not (medium-x2: 7 min on one core)
         parts=tuple(Part(f'{corpus}/{size}', ('attention', 'corridor'), 8 if size == 'tiny' else 3)
                     for corpus in ('shakespeare_char', 'wikitext2_char') for size in ('tiny', 'small', 'medium-x2')),
         gpu_parts=tuple(Part(f'openwebtext/{size}', ('attention', 'corridor'), 3)

@@ -160,6 +160,14 @@ def setup_processes(cfg):
     return True, rank, world, device
 
 
+def leave_processes(ddp):
+    """All ranks leave together. Without the barrier, rank 1 once aborted at exit ('terminate called without an
+    active exception', gloo's threads) while rank 0 was still saving its last checkpoint."""
+    if ddp:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 class Data:
     """data_root/dataset: meta.json and the uint16 token files train.bin and val.bin."""
 
@@ -412,6 +420,7 @@ def main(argv):
         losses = estimate_loss(compiled, data, cfg, autocast, rank, world)
         if master:
             print(f"iter {progress['iter_num']}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        leave_processes(ddp)
         return
 
     # the run folder: all the checks above ran first, so bad input never overwrites anything
@@ -540,8 +549,7 @@ def main(argv):
     bar.close()
     if wandb:
         wandb.finish()
-    if ddp:
-        dist.destroy_process_group()
+    leave_processes(ddp)
 
 
 def synchronized_time(device):
