@@ -27,7 +27,7 @@ matplotlib.use('Agg')  # files only, no display
 import matplotlib.pyplot as plt
 import torch
 
-from common import UserError, load_checkpoint, main_guard, model_from_checkpoint
+from common import UserError, atomic_write, load_checkpoint, main_guard, model_from_checkpoint
 from model import gamma_delta, in_corridor
 
 
@@ -94,8 +94,11 @@ def layer_table(report):
 
 def save(fig, path):
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_write(path, 'wb') as f:  # the format from the real name, not from path.tmp
+            fig.savefig(f, dpi=110, format=os.path.splitext(path)[1][1:] or 'png')
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -238,7 +241,7 @@ def analyze_run(run, out):
         report['snapshots'] = [dict(iter=it, occupancy=in_corridor(g).float().mean().item(),
                                     occupancy_by_layer=in_corridor(g).float().mean(-1).tolist())
                                for it, g, _ in run['snapshots']]
-    with open(os.path.join(out, 'corridor.json'), 'w') as f:
+    with atomic_write(os.path.join(out, 'corridor.json')) as f:
         json.dump(report, f, indent=1)
     plot_occupancy({run['name']: report}, os.path.join(out, 'occupancy.png'))
     plot_gamma_delta({run['name']: (run['gamma'], run['delta'])}, os.path.join(out, 'gamma_delta.png'))
@@ -251,7 +254,7 @@ def analyze_run(run, out):
             plot_walk_evolution({run['name']: [run['log']]}, os.path.join(out, 'walk.png'), run['name'])
     table = layer_table(report)
     header = f"# {run['name']}: operator {report['operator']}, iter {run['iter']}\n\n"
-    with open(os.path.join(out, 'summary.md'), 'w') as f:
+    with atomic_write(os.path.join(out, 'summary.md')) as f:
         f.write(header + table + '\n')
     print(header + table + f"\n-> {out}\n")
     return report
@@ -274,7 +277,7 @@ def compare_runs(runs, reports, out):
         rows.append(f"| {r['name']} | {r['config']['operator']} | {r['iter']} | {final:.4f} | {best:.4f} "
                     f"| {reports[r['name']]['occupancy']:.0%} |")
     text = '\n'.join(rows)
-    with open(os.path.join(out, 'summary.md'), 'w') as f:
+    with atomic_write(os.path.join(out, 'summary.md')) as f:
         f.write('# Runs compared\n\n' + text + '\n')
     print(text + f"\n-> {out}")
 

@@ -30,7 +30,7 @@ import time
 import numpy as np
 import torch
 
-from common import PEAK_FLOPS, peak_flops
+from common import PEAK_FLOPS, atomic_write, peak_flops
 from model import GPT, CausalSelfAttention, GPTConfig
 from walk import connection_diagnostics, head_weights
 
@@ -454,7 +454,7 @@ def main(argv):
     results = dict(preset=args.preset, device=name, torch=torch.__version__, training={}, train_runs={}, paths={})
 
     def save():  # after every part: a run cut short keeps what it measured
-        with open(path, 'w') as f:
+        with atomic_write(path) as f:
             json.dump(results, f, indent=1)
     skip = set(args.skip.split(','))
     if 'training' not in skip:

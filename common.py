@@ -8,6 +8,7 @@ import difflib
 import json
 import os
 import sys
+from contextlib import contextmanager, suppress
 
 import torch
 
@@ -129,19 +130,95 @@ def tokenizer_from_meta(meta):
 
 # ---------------------------------------------------------------------------------------------- checkpoints
 
-def save_checkpoint(obj, path):
-    """Write atomically: a crash at any moment leaves either the old file or the new one, never a torn one."""
+class WriteFailed(UserError):
+    """A file could not be written: no space, permission lost, an I/O error. What was at the path is untouched and
+    no temporary file is left. `path` and `reason` let a caller say more (train.py names the intact checkpoint)."""
+
+    def __init__(self, path, reason):
+        self.path, self.reason = path, reason
+        super().__init__(f"could not write {path} ({reason}); what was there is untouched, and no partial file is left")
+
+
+def storage_error(e):
+    """The OSError behind an exception, or None. torch's serializer reports a full disk as a RuntimeError
+    ('unexpected pos'), with the file's OSError as its context."""
+    while e is not None and not isinstance(e, OSError):
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def describe_os_error(e):
+    return f"{e.strerror or type(e).__name__} [errno {e.errno}]" if e.errno else str(e) or type(e).__name__
+
+
+@contextmanager
+def atomic_write(path, mode='w', durable=False, **open_kwargs):
+    """A file object for `path` that appears complete or not at all: written as path.tmp, then renamed over path.
+    durable=True also fsyncs the file and the rename (a power cut keeps the old or the new file, never a torn one).
+    Any failure removes path.tmp; a failure of the storage (an OSError, also inside torch's serializer) becomes a
+    WriteFailed, one line for the user."""
     tmp = f"{path}.tmp"
-    with open(tmp, 'wb') as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:
-        os.fsync(dir_fd)  # make the rename itself durable
+        with open(tmp, mode, **open_kwargs) as f:
+            yield f
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+        if durable:
+            fsync_folder(os.path.dirname(os.path.abspath(path)))
+    except BaseException as e:
+        with suppress(OSError):
+            os.remove(tmp)
+        cause = storage_error(e)
+        if cause is None or isinstance(e, WriteFailed):
+            raise
+        raise WriteFailed(path, describe_os_error(cause)) from None
+
+
+def append_line(path, line):
+    """Append one line (a log entry) whole or not at all: a failed write is cut back off, so a full disk never leaves
+    a torn line for the next append to run into. A failure is a WriteFailed."""
+    data = (line + '\n').encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        size = os.fstat(fd).st_size
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError:
+            with suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise WriteFailed(path, describe_os_error(e)) from None
+
+
+def fsync_folder(folder):
+    """Make a rename in folder durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
+
+
+def save_checkpoint(obj, path):
+    """Write atomically: a crash at any moment leaves either the old file or the new one, never a torn one; a
+    failed write (a full disk) leaves the old one and no ckpt.pt.tmp, and raises WriteFailed."""
+    with atomic_write(path, 'wb', durable=True) as f:
+        torch.save(obj, f)
+
+
+def checkpoint_iter(path):
+    """The iteration a checkpoint file holds, or None when there is none (or it is unreadable). Memory-mapped: the
+    weights are not read."""
+    try:
+        return int(torch.load(path, map_location='cpu', weights_only=True, mmap=True)['iter_num'])
+    except Exception:
+        return None
 
 
 def load_checkpoint(path, map_location='cpu'):

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from common import UserError, gpt2_encoding, main_guard
+from common import UserError, WriteFailed, describe_os_error, gpt2_encoding, main_guard, storage_error
 
 SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
 # OpenWebText on the Hugging Face hub. datasets >= 4 no longer runs loading scripts, which the original repo
@@ -36,20 +36,29 @@ GPT2_EOT = 50256
 
 @contextmanager
 def atomic_output_dir(final):
-    """Yield a scratch folder that becomes `final` in one rename, only if the block completes."""
+    """Yield a scratch folder that becomes `final` in one rename, only if the block completes. A failure removes the
+    scratch folder; one of the storage (a full disk: an OSError) is a WriteFailed, one line for the user."""
     final = Path(final)
-    partial = final.with_name(final.name + '.partial')
+    partial, old = final.with_name(final.name + '.partial'), final.with_name(final.name + '.old')
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    shutil.rmtree(old, ignore_errors=True)  # left by a crash between the two renames below
     try:
+        partial.mkdir(parents=True)
         yield partial
-    except BaseException:
+        if final.exists():
+            os.replace(final, old)
+        try:
+            os.replace(partial, final)
+        except OSError:
+            if old.exists():
+                os.replace(old, final)  # the earlier complete folder back in place
+            raise
+    except BaseException as e:
         shutil.rmtree(partial, ignore_errors=True)
-        raise
-    old = final.with_name(final.name + '.old')
-    if final.exists():
-        os.replace(final, old)
-    os.replace(partial, final)
+        cause = storage_error(e)
+        if cause is None or isinstance(e, UserError):
+            raise
+        raise WriteFailed(final, describe_os_error(cause)) from None
     shutil.rmtree(old, ignore_errors=True)
 
 

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch
 from tqdm import tqdm
 
-from common import PEAK_FLOPS, UserError, load_checkpoint, main_guard, model_config, parse_config
+from common import PEAK_FLOPS, UserError, atomic_write, load_checkpoint, main_guard, model_config, parse_config
 from model import in_corridor
 
 # ------------------------------------------------------------------------------------------------ variants
@@ -656,9 +656,9 @@ def report(name, study, runs, out):
         setting_figures(setting, loaded, summary, out)
     lines += globals()[study.figures](results, out)
     text = '\n'.join(lines)
-    with open(os.path.join(out, 'report.md'), 'w') as f:
+    with atomic_write(os.path.join(out, 'report.md')) as f:
         f.write(text + '\n')
-    with open(os.path.join(out, 'report.json'), 'w') as f:
+    with atomic_write(os.path.join(out, 'report.json')) as f:
         json.dump({setting: summary for setting, (_, summary) in results.items()}, f, indent=1)
     print(text + f"\n-> {out}/report.md")
     return results

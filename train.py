@@ -11,13 +11,15 @@ order. The run folder gets config.json, log.jsonl (one line per evaluation, with
 Ctrl-C (or SIGTERM) finishes the current iteration, saves a checkpoint and stops; a second Ctrl-C aborts.
 """
 
+import inspect
 import json
 import math
 import os
+import shlex
 import signal
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict
 from types import SimpleNamespace
 
@@ -27,8 +29,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from common import (UserError, load_checkpoint, load_model, main_guard, model_config, model_from_checkpoint,
-                    parse_config, peak_flops, resolve_dtype, save_checkpoint)
+from common import (UserError, WriteFailed, append_line, atomic_write, checkpoint_iter, load_checkpoint, load_model,
+                    main_guard, model_config, model_from_checkpoint, parse_config, peak_flops, resolve_dtype,
+                    save_checkpoint)
 from model import GPT, gamma_delta, in_corridor
 
 # ------------------------------------------------------------------------------------------------------------
@@ -97,7 +100,8 @@ ARCHITECTURE_KEYS = ('n_layer', 'n_head', 'n_embd', 'bias') + tuple(k for k in O
 
 
 class TrainingStopped(UserError):
-    """The run can't go on (a non-finite loss); the last good checkpoint is untouched."""
+    """The run can't go on (a non-finite loss, a file it can't write, a DDP process gone); the last good checkpoint
+    is untouched."""
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -166,6 +170,48 @@ def leave_processes(ddp):
     if ddp:
         dist.barrier()
         dist.destroy_process_group()
+
+
+# The only buffers are the fixed operator scalars, equal on every rank from the start (one seed), so DDP must not
+# broadcast them before every forward. torch 2.13 deprecates broadcast_buffers=False (a FutureWarning) for
+# forward_sync_buffers=False, which also stops the per-forward sync but broadcasts the buffers once at construction:
+# from rank 0, values every rank already holds, so the meaning is the same. Older torch has only broadcast_buffers.
+NO_BUFFER_SYNC = (dict(forward_sync_buffers=False) if 'forward_sync_buffers' in inspect.signature(DDP).parameters
+                  else dict(broadcast_buffers=False))
+
+
+def wrap_ddp(model, device):
+    return DDP(model, device_ids=[torch.device(device).index] if device.startswith('cuda') else None, **NO_BUFFER_SYNC)
+
+
+def lost_a_process(e):
+    """Whether e is a collective failing because another process of the run is gone (killed, crashed): gloo's
+    'Connection closed by peer' / 'reset by peer', or torch's DistError family (NCCL)."""
+    if isinstance(e, getattr(dist, 'DistError', ())):
+        return True
+    return isinstance(e, RuntimeError) and any(s in str(e) for s in (
+        'by peer', 'Broken pipe', 'remote worker', 'Socket Timeout', 'Connection refused'))
+
+
+def first_sentence(e):
+    """'Read error [127.0.0.1]:49824: Connection reset by peer' from gloo's multi-line message with its source
+    location in front."""
+    text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if text.startswith('[') and '] ' in text:
+        text = text.split('] ', 1)[1]
+    return text.split('. ')[0].rstrip('.')
+
+
+def resume_advice(out_dir, world):
+    """What survives in out_dir and the command that continues from it."""
+    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+    iter_num = checkpoint_iter(ckpt_path)
+    if iter_num is None:
+        return "no checkpoint was saved yet: start the run again"
+    script = sys.argv[0] if sys.argv[0].endswith('train.py') else 'train.py'
+    launch = f"torchrun --standalone --nproc_per_node={world} {script}" if world > 1 else f"python {script}"
+    return f"{ckpt_path} from iter {iter_num} is intact: continue with `{launch} --init_from=resume " \
+           f"--out_dir={shlex.quote(out_dir)}`"
 
 
 class Data:
@@ -291,9 +337,9 @@ def checkpoint_state(model, optimizer, scaler, cfg, meta, progress, data_rng, de
 
 
 def claim_run_folder(out_dir):
-    """Hold an exclusive lock on out_dir for the life of this process, or fail with one line: two runs in one
-    folder would interleave log.jsonl and race for ckpt.pt. The OS drops the lock when the process dies (even by
-    kill -9), so a crashed run never leaves the folder locked."""
+    """Hold an exclusive lock on out_dir until the returned file is closed (main closes it however the run ends), or
+    fail with one line: two runs in one folder would interleave log.jsonl and race for ckpt.pt. The OS drops the lock
+    when the process dies (even by kill -9), so a crashed run never leaves the folder locked."""
     os.makedirs(out_dir, exist_ok=True)
     handle = open(os.path.join(out_dir, 'train.lock'), 'a+')
     try:
@@ -327,12 +373,10 @@ def prepare_run_folder(cfg, resumed, iter_num, log_path):
         for name in os.listdir(cfg.out_dir):
             if name.startswith('ckpt') and name.endswith('.pt'):
                 os.remove(os.path.join(cfg.out_dir, name))
-    with open(log_path + '.tmp', 'w') as f:
+    with atomic_write(log_path) as f:
         f.writelines(kept)
-    os.replace(log_path + '.tmp', log_path)
-    with open(os.path.join(cfg.out_dir, 'config.json.tmp'), 'w') as f:
+    with atomic_write(os.path.join(cfg.out_dir, 'config.json')) as f:
         json.dump(vars(cfg), f, indent=1)
-    os.replace(os.path.join(cfg.out_dir, 'config.json.tmp'), os.path.join(cfg.out_dir, 'config.json'))
 
 
 def start_wandb(cfg, resumed):
@@ -367,8 +411,22 @@ class StopRequest:
 
 def main(argv):
     cfg, ckpt = resolve_config(argv)
-    resumed = ckpt is not None
     ddp, rank, world, device = setup_processes(cfg)
+    with ExitStack() as held:  # the run folder's lock, released however the run ends
+        try:
+            train(cfg, ckpt, ddp, rank, world, device, held)
+        except WriteFailed as e:  # a full disk, a lost permission: the atomic writes left the old files whole
+            raise TrainingStopped(f"could not write {e.path} ({e.reason}); {resume_advice(cfg.out_dir, world)}") \
+                from None
+        except Exception as e:
+            if not (ddp and lost_a_process(e)):
+                raise
+            raise TrainingStopped(f"rank {rank} of {world} lost another process of the run ({first_sentence(e)}); "
+                                  f"{resume_advice(cfg.out_dir, world)}") from None
+
+
+def train(cfg, ckpt, ddp, rank, world, device, held):
+    resumed = ckpt is not None
     master = rank == 0
     dtype = resolve_dtype(cfg.dtype, device)
     autocast = nullcontext() if dtype == 'float32' else torch.autocast(device.split(':')[0], getattr(torch, dtype))
@@ -412,9 +470,7 @@ def main(argv):
         data_rng.set_state(ckpt['rng']['data'])
     ckpt = None  # the checkpoint's host copy of the weights and moments: gone before the run starts
     compiled = torch.compile(raw_model) if cfg.compile else raw_model
-    # broadcast_buffers=False: the only buffers are the fixed operator scalars, equal on every rank from the start
-    model = DDP(compiled, device_ids=[torch.device(device).index] if device.startswith('cuda') else None,
-                broadcast_buffers=False) if ddp else compiled
+    model = wrap_ddp(compiled, device) if ddp else compiled
 
     if cfg.eval_only:
         losses = estimate_loss(compiled, data, cfg, autocast, rank, world)
@@ -430,7 +486,7 @@ def main(argv):
                         f"or pass --overwrite=True to start over")
     wandb = None
     if master:
-        lock = claim_run_folder(cfg.out_dir)  # noqa: F841 (held until the process exits)
+        held.enter_context(claim_run_folder(cfg.out_dir))
         prepare_run_folder(cfg, resumed, progress['iter_num'], log_path)
         wandb = start_wandb(cfg, resumed) if cfg.wandb_log else None
         print('\n'.join(f"{k} = {v!r}" for k, v in vars(cfg).items()))
@@ -474,8 +530,7 @@ def main(argv):
                              c_P=coefficients[..., 1].tolist())
                 if cfg.walk_interval and iter_num % cfg.walk_interval == 0:
                     entry['walk'] = walk_geometry(raw_model, walk_idx)
-                with open(log_path, 'a') as f:
-                    f.write(json.dumps(entry) + '\n')
+                append_line(log_path, json.dumps(entry))
                 if wandb:
                     wandb.log(wandb_metrics(entry, occupancy), step=iter_num)
                 paths = [ckpt_path] if iter_num > 0 and (improved or cfg.always_save_checkpoint) else []

@@ -57,7 +57,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from tqdm import tqdm
 
-from common import GPT2_NAMES, UserError, load_model, main_guard, tokenizer_from_meta
+from common import GPT2_NAMES, UserError, atomic_write, load_model, main_guard, tokenizer_from_meta
 from model import GPT
 
 
@@ -583,7 +583,7 @@ def write_tables(saved, path):
     sweep = table_sweep(saved)
     if len(sweep) > 2:
         text += ["\n## Context sweep\n", TABLE_NOTES['sweep'] + '\n', *sweep]
-    with open(path, 'w') as f:
+    with atomic_write(path) as f:
         f.write('\n'.join(text) + '\n')
     return '\n'.join(text)
 
@@ -713,7 +713,7 @@ def run_diagnostics(args):
                                                                        f'{name}, random init')[1]
         saved[name] = entry
         del walker, twin
-    with open(os.path.join(out, 'diagnostics.json'), 'w') as f:
+    with atomic_write(os.path.join(out, 'diagnostics.json')) as f:
         json.dump(saved, f, indent=1)
     plot_walk_layers(saved, os.path.join(out, 'walk_layers.png'))
     if args.context_sweep:
