@@ -212,13 +212,14 @@ def save_checkpoint(obj, path):
         torch.save(obj, f)
 
 
-def checkpoint_iter(path):
-    """The iteration a checkpoint file holds, or None when there is none (or it is unreadable). Memory-mapped: the
-    weights are not read."""
+def checkpoint_progress(path):
+    """(iteration, config) of a checkpoint file, or (None, None) when there is none or it is unreadable.
+    Memory-mapped: the weights are not read."""
     try:
-        return int(torch.load(path, map_location='cpu', weights_only=True, mmap=True)['iter_num'])
+        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
+        return int(ckpt['iter_num']), dict(ckpt.get('config', {}))
     except Exception:
-        return None
+        return None, None
 
 
 def load_checkpoint(path, map_location='cpu'):

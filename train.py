@@ -11,6 +11,7 @@ order. The run folder gets config.json, log.jsonl (one line per evaluation, with
 Ctrl-C (or SIGTERM) finishes the current iteration, saves a checkpoint and stops; a second Ctrl-C aborts.
 """
 
+import ast
 import inspect
 import json
 import math
@@ -29,7 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from common import (UserError, WriteFailed, append_line, atomic_write, checkpoint_iter, load_checkpoint, load_model,
+from common import (UserError, WriteFailed, append_line, atomic_write, checkpoint_progress, load_checkpoint, load_model,
                     main_guard, model_config, model_from_checkpoint, parse_config, peak_flops, resolve_dtype,
                     save_checkpoint)
 from model import GPT, gamma_delta, in_corridor
@@ -202,16 +203,30 @@ def first_sentence(e):
     return text.split('. ')[0].rstrip('.')
 
 
-def resume_advice(out_dir, world):
-    """What survives in out_dir and the command that continues from it."""
-    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-    iter_num = checkpoint_iter(ckpt_path)
+def resume_advice(cfg, world):
+    """What survives in the run folder and the command that continues from it: with the settings this run changed
+    from the checkpoint's (a resume with a new --max_iters that fails before its first save)."""
+    ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
+    iter_num, saved = checkpoint_progress(ckpt_path)
     if iter_num is None:
         return "no checkpoint was saved yet: start the run again"
     script = sys.argv[0] if sys.argv[0].endswith('train.py') else 'train.py'
     launch = f"torchrun --standalone --nproc_per_node={world} {script}" if world > 1 else f"python {script}"
-    return f"{ckpt_path} from iter {iter_num} is intact: continue with `{launch} --init_from=resume " \
-           f"--out_dir={shlex.quote(out_dir)}`"
+    changed = [shlex.quote(f"--{key}={config_text(value)}") for key, value in vars(cfg).items()
+               if key not in ('init_from', 'out_dir', 'overwrite') and saved.get(key, value) != value]
+    return f"{ckpt_path} from iter {iter_num} is intact: continue with `{launch} " + \
+        ' '.join(['--init_from=resume', f"--out_dir={shlex.quote(cfg.out_dir)}", *changed]) + '`'
+
+
+def config_text(value):
+    """value as --key=value spells it: bare strings unless they would read as another type."""
+    if not isinstance(value, str):
+        return repr(value)
+    try:
+        ast.literal_eval(value)
+        return repr(value)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return value
 
 
 class Data:
@@ -416,13 +431,12 @@ def main(argv):
         try:
             train(cfg, ckpt, ddp, rank, world, device, held)
         except WriteFailed as e:  # a full disk, a lost permission: the atomic writes left the old files whole
-            raise TrainingStopped(f"could not write {e.path} ({e.reason}); {resume_advice(cfg.out_dir, world)}") \
-                from None
+            raise TrainingStopped(f"could not write {e.path} ({e.reason}); {resume_advice(cfg, world)}") from None
         except Exception as e:
             if not (ddp and lost_a_process(e)):
                 raise
             raise TrainingStopped(f"rank {rank} of {world} lost another process of the run ({first_sentence(e)}); "
-                                  f"{resume_advice(cfg.out_dir, world)}") from None
+                                  f"{resume_advice(cfg, world)}") from None
 
 
 def train(cfg, ckpt, ddp, rank, world, device, held):

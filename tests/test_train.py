@@ -467,3 +467,143 @@ def test_a_sixth_operator_is_one_table_entry(tiny_data_root, tmp_path, monkeypat
     assert [e['iter'] for e in log] == [0, 2]
     assert log[0]['gamma'] != log[1]['gamma']  # θ learnt in two steps
     assert all(-1 < g < 0 for row in log[1]['gamma'] for g in row)
+
+
+# ---------------------------------------------------------------------------------------------- faults at the edges
+
+@pytest.mark.parametrize('first_save', [True, False], ids=['no-checkpoint-yet', 'after-a-checkpoint'])
+def test_a_save_on_a_full_disk_stops_in_one_line_and_lets_go_of_the_run_folder(tiny_data_root, tmp_path, monkeypatch,
+                                                                               first_save):
+    import fcntl
+    import train as train_module
+    from test_common import disk_with_room
+    out = tmp_path / 'out'
+    monkeypatch.setattr(signal, 'signal', lambda *args: None)  # in-process: leave pytest's handlers alone
+    fresh = [*TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', f'--out_dir={out}', '--eval_interval=10']
+    if not first_save:
+        train_module.main([*fresh, '--max_iters=10'])
+        before = (out / 'ckpt.pt').read_bytes()
+    disk_with_room(monkeypatch, 5000, filling=lambda path: path.endswith('.pt.tmp'))  # fills part-way through
+    args = fresh if first_save else ['--init_from=resume', f'--out_dir={out}']
+    with pytest.raises(train_module.TrainingStopped) as stopped:
+        train_module.main([*args, '--max_iters=20'])
+    message = str(stopped.value)
+    assert '\n' not in message and f"could not write {out / 'ckpt.pt'}" in message and 'No space left' in message
+    if first_save:
+        assert 'no checkpoint was saved yet' in message and not (out / 'ckpt.pt').exists()
+    else:
+        assert f"{out / 'ckpt.pt'} from iter 10 is intact" in message
+        assert f"--init_from=resume --out_dir={out} --max_iters=20`" in message
+        assert (out / 'ckpt.pt').read_bytes() == before
+    assert not list(out.glob('*.tmp'))
+    with open(out / 'train.lock') as lock:  # the failed run let go of the folder (in this same process)
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+@pytest.mark.skipif(sys.platform != 'linux', reason='RLIMIT_FSIZE and SIGXFSZ as on Linux')
+def test_a_full_disk_at_a_save_is_one_line_and_the_resumed_run_continues_exactly(tiny_data_root, tmp_path):
+    """The kernel refuses the checkpoint's bytes (RLIMIT_FSIZE, a file size limit that needs no root: EFBIG, as a
+    full disk gives ENOSPC) at iter 20, after its evaluation was logged; once there is room again, the resume from
+    iter 10 logs iter 20 again, the same numbers, once."""
+    import resource
+    cut = tmp_path / 'cut'
+    assert train(tiny_data_root, cut, '--operator=corridor', '--eval_interval=10', '--lr_decay_iters=20',
+                 '--max_iters=10').returncode == 0
+
+    def small_files_only():  # the checkpoint is ~400 kB; config.json and log.jsonl still fit
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))
+    full = subprocess.run([sys.executable, str(REPO / 'train.py'), '--init_from=resume', f'--out_dir={cut}',
+                           '--max_iters=20'], cwd=tiny_data_root, capture_output=True, text=True,
+                          preexec_fn=small_files_only, timeout=300)
+    resume = f"python {REPO / 'train.py'} --init_from=resume --out_dir={cut} --max_iters=20"
+    assert_one_line_error(full, f"could not write {cut / 'ckpt.pt'} (File too large",
+                          f"{cut / 'ckpt.pt'} from iter 10 is intact: continue with `{resume}`")
+    assert sorted(p.name for p in cut.iterdir()) == ['ckpt.pt', 'config.json', 'log.jsonl', 'train.lock']
+    logged_before_the_failure = read_log(cut)
+    assert [e['iter'] for e in logged_before_the_failure] == [0, 10, 20]
+    result = run_script(*resume.split()[1:], cwd=tiny_data_root)  # the command the error line gives
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert read_log(cut) == logged_before_the_failure
+
+
+def child_with_rank(parent_pid, rank):
+    """The pid of torchrun's worker process with RANK=rank, or None (Linux: /proc)."""
+    for entry in Path('/proc').iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / 'stat').read_text().rsplit(')', 1)[1].split()[1]) == parent_pid \
+                    and f'RANK={rank}'.encode() in (entry / 'environ').read_bytes().split(b'\0'):
+                return int(entry.name)
+        except (OSError, ValueError, IndexError):
+            pass
+    return None
+
+
+@pytest.mark.skipif(sys.platform != 'linux', reason='finds the worker to kill through /proc')
+def test_a_ddp_rank_whose_peer_was_killed_says_so_in_one_line_naming_the_checkpoint(tiny_data_root, tmp_path):
+    out = tmp_path / 'ddp'
+    env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK')}
+    launcher = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                                 str(REPO / 'train.py'), *TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}',
+                                 f'--out_dir={out}', '--max_iters=100000', '--lr_decay_iters=100000',
+                                 '--eval_interval=10', '--eval_iters=1', '--gradient_accumulation_steps=2'],
+                                cwd=tiny_data_root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**env, 'OMP_NUM_THREADS': '1'}, start_new_session=True)
+    try:
+        for _ in range(1200):  # the first checkpoint (iter 10) is on disk: training goes on past it
+            if (out / 'ckpt.pt').exists() or launcher.poll() is not None:
+                break
+            time.sleep(0.1)
+        rank1 = child_with_rank(launcher.pid, 1)
+        assert rank1 is not None and launcher.poll() is None, launcher.stderr.read()[-3000:] if launcher.poll() else ''
+        os.kill(rank1, signal.SIGKILL)
+        _, stderr = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode != 0
+    ours = [line for line in stderr.splitlines() if line.startswith('error: ') or line.startswith('[rank0]')]
+    saved_at = torch.load(out / 'ckpt.pt', weights_only=True)['iter_num']
+    assert len(ours) == 1, stderr[-3000:]
+    assert ours[0].startswith('error: rank 0 of 2 lost another process of the run (') and 'by peer' in ours[0]
+    assert f"{out / 'ckpt.pt'} from iter {saved_at} is intact" in ours[0]
+    assert f"torchrun --standalone --nproc_per_node=2 {REPO / 'train.py'} --init_from=resume --out_dir={out}`" in ours[0]
+    assert 'exitcode  : 2' in stderr  # torchrun's own report: rank 0 left through the one-line error
+    assert 'FutureWarning' not in stderr
+
+
+@pytest.mark.parametrize('spelling', ['this torch', 'torch before 2.13'])
+def test_ddp_never_syncs_the_fixed_operator_scalars_after_construction(tmp_path, monkeypatch, spelling):
+    """DDP's per-forward buffer broadcast counted (dist._broadcast_coalesced) in a one-process gloo group: none with
+    train.py's setting, in either spelling, while DDP's default broadcasts before every forward (the counter works);
+    and the chosen spelling warns nothing."""
+    import warnings
+    import torch.distributed as dist
+    import train as train_module
+    from model import GPT, GPTConfig
+    broadcasts, broadcast = [], dist._broadcast_coalesced
+    monkeypatch.setattr(dist, '_broadcast_coalesced', lambda *args, **kwargs: (broadcasts.append(1),
+                                                                                broadcast(*args, **kwargs))[1])
+    if spelling != 'this torch':
+        monkeypatch.setattr(train_module, 'NO_BUFFER_SYNC', dict(broadcast_buffers=False))
+    dist.init_process_group('gloo', init_method=f'file://{tmp_path / "store"}', rank=0, world_size=1)
+    try:
+        def steps_broadcast(wrap):
+            torch.manual_seed(0)
+            net = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8, operator='corridor',
+                                gamma_init=-0.2, init_spread=0.2, learn_gamma=False))
+            fixed = {name: b.clone() for name, b in net.named_buffers()}
+            assert fixed, "the test needs fixed operator scalars (buffers)"
+            with warnings.catch_warnings():
+                warnings.simplefilter('error' if spelling == 'this torch' else 'ignore')
+                model = wrap(net)
+            before = len(broadcasts)
+            for _ in range(3):
+                idx = torch.randint(0, 16, (2, 8))
+                model(idx, idx)[1].backward()
+            assert all(torch.equal(b, fixed[name]) for name, b in net.named_buffers())
+            return len(broadcasts) - before
+        assert steps_broadcast(lambda net: train_module.wrap_ddp(net, 'cpu')) == 0
+        assert steps_broadcast(lambda net: torch.nn.parallel.DistributedDataParallel(net)) == 3
+    finally:
+        dist.destroy_process_group()
