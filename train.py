@@ -20,7 +20,7 @@ import shlex
 import signal
 import sys
 import time
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict
 from types import SimpleNamespace
 
@@ -30,9 +30,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from common import (UserError, WriteFailed, append_line, atomic_write, checkpoint_progress, load_checkpoint, load_model,
-                    main_guard, model_config, model_from_checkpoint, parse_config, peak_flops, resolve_dtype,
-                    save_checkpoint)
+from common import (UserError, WriteFailed, append_line, atomic_write, checkpoint_progress, describe_os_error,
+                    load_checkpoint, load_model, main_guard, model_config, model_from_checkpoint, parse_config,
+                    peak_flops, resolve_dtype, save_checkpoint)
+from connection import PER_LAYER, connection_diagnostics
 from model import GPT, gamma_delta, in_corridor
 
 # ------------------------------------------------------------------------------------------------------------
@@ -203,6 +204,21 @@ def first_sentence(e):
     return text.split('. ')[0].rstrip('.')
 
 
+@contextmanager
+def faults_in_one_line(cfg, ddp, rank, world):
+    """A failed write (a full disk, a lost permission: the atomic writes left the old files whole) or a lost DDP
+    process ends the run in one line that names what survives and how to continue."""
+    try:
+        yield
+    except WriteFailed as e:
+        raise TrainingStopped(f"could not write {e.path} ({e.reason}); {resume_advice(cfg, world)}") from None
+    except Exception as e:
+        if not (ddp and lost_a_process(e)):
+            raise
+        raise TrainingStopped(f"rank {rank} of {world} lost another process of the run ({first_sentence(e)}); "
+                              f"{resume_advice(cfg, world)}") from None
+
+
 def resume_advice(cfg, world):
     """What survives in the run folder and the command that continues from it: with the settings this run changed
     from the checkpoint's (a resume with a new --max_iters that fails before its first save)."""
@@ -330,10 +346,9 @@ def corridor_summary(coefficients):
 
 
 def walk_geometry(model, idx):
-    """Per-layer connection-walk diagnostics (walk.py) for log.jsonl: of the attention part, and for the operator
+    """Per-layer connection-walk diagnostics (connection.py) for log.jsonl: of the attention part, and for the operator
     family also of the full operator c_I·I + c_P·P. Never on the training path: the math path, in eval mode, on
     fixed sequences, with no random numbers drawn, so a run's losses are the same with or without it."""
-    from walk import PER_LAYER, connection_diagnostics
     parts = ['attention'] if model.config.operator == 'attention' else ['attention', 'operator']
     geometry = {}
     for part in parts:
@@ -355,8 +370,12 @@ def claim_run_folder(out_dir):
     """Hold an exclusive lock on out_dir until the returned file is closed (main closes it however the run ends), or
     fail with one line: two runs in one folder would interleave log.jsonl and race for ckpt.pt. The OS drops the lock
     when the process dies (even by kill -9), so a crashed run never leaves the folder locked."""
-    os.makedirs(out_dir, exist_ok=True)
-    handle = open(os.path.join(out_dir, 'train.lock'), 'a+')
+    path = os.path.join(out_dir, 'train.lock')
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        handle = open(path, 'a+')
+    except OSError as e:  # a folder we may not write in
+        raise WriteFailed(path, describe_os_error(e)) from None
     try:
         import fcntl
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -367,9 +386,12 @@ def claim_run_folder(out_dir):
         owner = handle.read().strip() or 'another process'
         raise UserError(f"{out_dir} is in use by a run that is still training ({owner}): wait for it to finish, "
                         f"stop it, or pick another --out_dir") from None
-    handle.truncate(0)
-    handle.write(f"pid {os.getpid()}\n")
-    handle.flush()
+    try:
+        handle.truncate(0)
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+    except OSError:
+        pass  # the pid only names the owner in the message above: a full disk is reported where it matters
     return handle
 
 
@@ -425,22 +447,15 @@ class StopRequest:
 # ------------------------------------------------------------------------------------------------------------
 
 def main(argv):
+    with ExitStack() as held:  # the run folder's lock and the one-line fault reports: however the run ends
+        train(argv, held)
+
+
+def train(argv, held):
     cfg, ckpt = resolve_config(argv)
-    ddp, rank, world, device = setup_processes(cfg)
-    with ExitStack() as held:  # the run folder's lock, released however the run ends
-        try:
-            train(cfg, ckpt, ddp, rank, world, device, held)
-        except WriteFailed as e:  # a full disk, a lost permission: the atomic writes left the old files whole
-            raise TrainingStopped(f"could not write {e.path} ({e.reason}); {resume_advice(cfg, world)}") from None
-        except Exception as e:
-            if not (ddp and lost_a_process(e)):
-                raise
-            raise TrainingStopped(f"rank {rank} of {world} lost another process of the run ({first_sentence(e)}); "
-                                  f"{resume_advice(cfg, world)}") from None
-
-
-def train(cfg, ckpt, ddp, rank, world, device, held):
     resumed = ckpt is not None
+    ddp, rank, world, device = setup_processes(cfg)
+    held.enter_context(faults_in_one_line(cfg, ddp, rank, world))
     master = rank == 0
     dtype = resolve_dtype(cfg.dtype, device)
     autocast = nullcontext() if dtype == 'float32' else torch.autocast(device.split(':')[0], getattr(torch, dtype))
