@@ -95,8 +95,9 @@ def write_small(out, train_ids, val_ids, source, tokenizer, vocab_size, itos=Non
         raise UserError(f"{source} gives {len(train_ids)} training and {len(val_ids)} validation tokens: too little "
                         f"text to train on (an empty file?)")
     check_uint16(vocab_size)
-    np.array(train_ids, dtype=np.uint16).tofile(out / 'train.bin')
-    np.array(val_ids, dtype=np.uint16).tofile(out / 'val.bin')
+    # write_bytes, not tofile: a full disk is then an OSError with its errno, not numpy's bare short-write message
+    (out / 'train.bin').write_bytes(np.array(train_ids, dtype=np.uint16).tobytes())
+    (out / 'val.bin').write_bytes(np.array(val_ids, dtype=np.uint16).tobytes())
     meta = dict(tokenizer=tokenizer, vocab_size=vocab_size, train_tokens=len(train_ids), val_tokens=len(val_ids),
                 source=source, dtype='uint16')
     if itos is not None:
