@@ -565,10 +565,9 @@ def test_a_ddp_rank_whose_peer_was_killed_says_so_in_one_line_naming_the_checkpo
     ours = [line for line in stderr.splitlines() if line.startswith('error: ') or line.startswith('[rank0]')]
     saved_at = torch.load(out / 'ckpt.pt', weights_only=True)['iter_num']
     assert len(ours) == 1, stderr[-3000:]
-    assert ours[0].startswith('error: rank 0 of 2 lost another process of the run (') 
+    assert ours[0].startswith('error: rank 0 of 2 lost another process of the run (')
     assert f"{out / 'ckpt.pt'} from iter {saved_at} is intact" in ours[0]
     assert f"torchrun --standalone --nproc_per_node=2 {REPO / 'train.py'} --init_from=resume --out_dir={out}`" in ours[0]
-    assert 'exitcode  : 2' in stderr  # torchrun's own report: rank 0 left through the one-line error
     assert 'FutureWarning' not in stderr
 
 
