@@ -41,9 +41,13 @@ def test_tiny_model_learns_and_logs_every_heads_gamma_delta_at_every_eval(traine
         for key in ('gamma', 'delta', 'c_I', 'c_P'):
             values = torch.tensor(entry[key])
             assert values.shape == (2, 2) and torch.isfinite(values).all()
-        torch.testing.assert_close(torch.tensor(entry['c_I']), torch.tensor(entry['gamma']) * torch.tensor(entry['delta']))
     assert log[-1]['tokens'] == 60 * 8 * 32
     ckpt = torch.load(trained_run / 'ckpt.pt', weights_only=True)
+    # the last line logs the saved model's own corridor parameters, and the paper's c_I = δγ, c_P = δ of them
+    gamma, delta = (torch.stack([ckpt['model'][f'transformer.h.{l}.attn.coefficients.{name}'] for l in range(2)])
+                    for name in ('gamma', 'delta'))
+    for key, expected in (('gamma', gamma), ('delta', delta), ('c_I', delta * gamma), ('c_P', delta)):
+        torch.testing.assert_close(torch.tensor(log[-1][key]), expected.float())
     assert ckpt['iter_num'] == 60 and ckpt['best_val_loss'] == min(e['val_loss'] for e in log)
     assert json.loads((trained_run / 'config.json').read_text())['operator'] == 'corridor'
 
@@ -325,9 +329,33 @@ def test_walk_interval_logs_per_layer_geometry_and_changes_nothing_else(tiny_dat
         assert set(entry['walk']) == {'attention', 'operator'}  # a corridor run: both parts
         for part in entry['walk'].values():
             assert len(part['drift']) == 1 and len(part['delta_orth']) == 2  # 2 layers
-            assert part['delta_orth_trace'] == pytest.approx([x / math.sqrt(32) for x in part['delta_orth']])
             assert all(math.isfinite(x) for values in part.values() for x in values)
     assert walk[-1]['walk']['operator'] != walk[-1]['walk']['attention']
+
+
+def test_logged_walk_geometry_is_the_explicit_per_edge_computation(tiny_data_root, tmp_path, monkeypatch):
+    """The walk a log line holds, for both parts, against test_walk's naive reference (every edge's d×d Gram built
+    in float64) on the model and sequences of that evaluation."""
+    import copy
+    import train as train_module
+    from test_walk import naive_diagnostics
+    geometry = train_module.walk_geometry
+    seen = []
+    monkeypatch.setattr(train_module, 'walk_geometry', lambda model, idx: (seen.append((copy.deepcopy(model), idx)),
+                                                                           geometry(model, idx))[1])
+    out = tmp_path / 'out'
+    train_in_process(monkeypatch, tiny_data_root, out, '--operator=corridor', '--init_spread=0.3', '--block_size=8',
+                     '--max_iters=3', '--eval_interval=3', '--walk_interval=3', '--walk_seqs=2', '--eval_iters=1',
+                     '--lr_decay_iters=10')
+    model, idx = seen[-1]
+    assert idx.shape == (2, 8)
+    logged = read_log(out)[-1]['walk']
+    model = model.double().eval()
+    for part, full_operator in (('attention', False), ('operator', True)):
+        naive = naive_diagnostics(model, idx, full_operator=full_operator)
+        for key in ('a_eff_fro', 'drift', 'delta_orth', 'delta_orth_trace', 'gram_rel', 'gram_diag_mean',
+                    'gram_offdiag_mean'):
+            assert logged[part][key] == pytest.approx(naive[key], rel=1e-4), (part, key)
 
 
 def read_wandb_history(run_file):
