@@ -84,7 +84,8 @@ def test_every_study_plans_valid_runs_on_cpu_and_gpu(tiny_data_root):
 
 
 def test_sweep_variants_share_initial_weights_and_data_by_seed():
-    """Pairing by seed is meaningful: with the same seed every variant starts from the same weights."""
+    """Pairing by seed is meaningful: with the same seed every variant starts from the same weights (and sees the
+    same batches: test_train's test_every_variant_sees_the_same_batches_with_the_same_seed)."""
     models = {}
     for operator in ('attention', 'corridor', 'alpha_beta', 'laplacian'):
         torch.manual_seed(3)
