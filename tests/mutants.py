@@ -92,6 +92,8 @@ MUTANTS = [
            k('test_train.py', 'second_signal')),
     Mutant('stale_log_lines_kept', 'train.py', "if json.loads(line)['iter'] <= iter_num:", 'if True:',
            k('test_train.py', 'drops_log_lines')),
+    Mutant('eval_only_goes_on_training', 'train.py', 'if cfg.eval_only:', 'if False:',
+           k('test_train.py', 'eval_only')),
     Mutant('overwrite_keeps_old_checkpoints', 'train.py', 'os.remove(os.path.join(cfg.out_dir, name))', 'pass',
            k('test_train.py', 'overwrite')),
     Mutant('snapshots_at_every_eval', 'train.py', 'iter_num % cfg.snapshot_interval == 0',

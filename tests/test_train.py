@@ -597,25 +597,24 @@ def test_a_second_signal_aborts_at_once_without_saving(tiny_data_root, tmp_path)
     assert 'stopped at iter' not in stdout and not (out / 'ckpt.pt').exists()
 
 
-def test_resume_drops_log_lines_past_the_checkpoint_and_writes_them_again(tiny_data_root, finished_run, monkeypatch):
-    """A crash between an evaluation's log line and its checkpoint: the resumed run repeats that evaluation; the
-    stale line (and a line torn by the crash) must not stay beside the new one."""
-    with open(finished_run / 'log.jsonl', 'a') as f:
-        f.write(json.dumps(dict(iter=20, val_loss=99.0)) + '\n' + '{"iter": 25, "val_lo')
+def test_eval_only_changes_nothing_and_a_resume_drops_log_lines_past_the_checkpoint(finished_run, monkeypatch,
+                                                                                      capsys):
+    """One finished run (iters 0 and 10 logged, checkpoint at 10), two behaviours. eval_only prints the losses the
+    log holds and touches no file. Then a crash between a log line and its checkpoint, faked: the resumed run
+    repeats that evaluation, and the stale line (and one torn by the crash) must not stay beside the new one."""
     import train as train_module
-    monkeypatch.setattr(signal, 'signal', lambda *a: None)
-    train_module.main(['--init_from=resume', f'--out_dir={finished_run}', '--max_iters=20'])
-    log = read_log(finished_run)
-    assert [e['iter'] for e in log] == [0, 10, 20] and log[-1]['val_loss'] < 99
-
-
-def test_eval_only_prints_the_logged_losses_and_changes_nothing(finished_run, capsys):
-    import train as train_module
+    monkeypatch.setattr(signal, 'signal', lambda *a: None)  # in-process: leave pytest's handlers alone
     before = digest(finished_run)
     train_module.main(['--init_from=resume', f'--out_dir={finished_run}', '--eval_only=True'])
     last = read_log(finished_run)[-1]
     assert f"iter 10: train loss {last['train_loss']:.4f}, val loss {last['val_loss']:.4f}" in capsys.readouterr().out
     assert digest(finished_run) == before
+
+    with open(finished_run / 'log.jsonl', 'a') as f:
+        f.write(json.dumps(dict(iter=20, val_loss=99.0)) + '\n' + '{"iter": 25, "val_lo')
+    train_module.main(['--init_from=resume', f'--out_dir={finished_run}', '--max_iters=20'])
+    log = read_log(finished_run)
+    assert [e['iter'] for e in log] == [0, 10, 20] and log[-1]['val_loss'] < 99
 
 
 def test_snapshots_at_their_interval_and_overwrite_removes_an_old_runs_checkpoints(tiny_data_root, tmp_path,
