@@ -2,7 +2,7 @@
 The mutation check: plausible bugs, put one at a time into a copy of the repo; each must fail the tests named for
 the behaviour it breaks. Not collected by pytest (no test_ prefix); run it after changing tests or the code they pin:
 
-    python tests/mutants.py                     # every mutant, ~10 min on 2 cores
+    python tests/mutants.py                     # every mutant (10–60 s each: only its own tests)
     python tests/mutants.py --list              # the mutants and their tests
     python tests/mutants.py --only cosine_reversed,t_at_n_df
     python tests/mutants.py --baseline          # first check that each selection passes on the unmutated copy
