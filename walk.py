@@ -406,7 +406,7 @@ def source_kind(source):
 
 def load_source(source, kind, device):
     """(walk source, TextCodec, longest sequence it takes) for a run folder, a GPT-2 name or folder (read as our GPT),
-    or a Llama / Qwen2 / Qwen3 / BERT folder (walk_hf)."""
+    or a Llama / Qwen2 / Qwen3 / Gemma 3 / BERT folder, .gguf file or packaged model (walk_hf)."""
     if kind in ('run', 'gpt2'):
         model, meta = load_model(source)
         return GPTWalk(model.to(device)), TextCodec(tokenizer_from_meta(meta)[0]), model.config.block_size
@@ -732,7 +732,9 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('sources', nargs='+', help="run folders, GPT-2 names (gpt2, ...), local transformers folders "
-                        "of GPT-2, Llama, Qwen2, Qwen3 or BERT models, or 'all-MiniLM-L6-v2' (from its PyPI package)")
+                        "of GPT-2, Llama, Qwen2, Qwen3, Gemma 3 or BERT models, .gguf files of Llama or Gemma 3 models "
+                        "(dequantised once into ~/.cache/corridor-gpt/gguf), or a model from its PyPI package: "
+                        "'all-MiniLM-L6-v2', 'smollm2-135m', 'gemma3-270m'")
     parser.add_argument('--out', default='diagnostics', help='where to write (default: ./diagnostics)')
     parser.add_argument('--text', help='text file to walk over (default: WikiText-2 test through datasets)')
     parser.add_argument('--n_seqs', type=int, default=1024, help='sequences (default 1024, as the paper)')
