@@ -35,8 +35,12 @@ from typing import NamedTuple
 import torch
 from tqdm import tqdm
 
-from common import PEAK_FLOPS, UserError, load_checkpoint, main_guard, model_config, parse_config
-from model import in_corridor
+from common import (PEAK_FLOPS, UserError, load_checkpoint, load_run, main_guard, model_config, occupancy_report,
+                    parse_config)
+from connection import depth_regimes
+from model import GPT, in_corridor
+from plots import WALK_PANELS, plot_evolution, plot_gamma_delta, plot_occupancy, plot_walk_evolution, plt, save, walk_series
+from train import DEFAULTS as TRAIN_DEFAULTS  # train.py's config keys and defaults: every run a study plans is checked against them
 
 # ------------------------------------------------------------------------------------------------ variants
 
@@ -182,7 +186,6 @@ def run_state(out_dir):
 
 def plan_runs(parts, out_root, base, train_args, need_data=True):
     """{(setting, variant, seed): (out_dir, train.py arguments for a fresh run)}, every run's config checked."""
-    from train import DEFAULTS
     for part in parts:  # every variant name is checked before any setting looks for its data
         for spec in part.variants:
             parse_variant(spec)
@@ -200,7 +203,7 @@ def plan_runs(parts, out_root, base, train_args, need_data=True):
                 out_dir = os.path.join(folder, f"{variant}-s{seed}")
                 args = [config_file, *(f'--{k}={v!r}' for k, v in {**keys, **variant_keys}.items()),
                         f'--seed={seed}', f'--out_dir={out_dir}', '--overwrite=True', *train_args]
-                config = parse_config(DEFAULTS, args)  # a bad key or value fails here, before any run starts
+                config = parse_config(TRAIN_DEFAULTS, args)  # a bad key or value fails here, before any run starts
                 if not config['always_save_checkpoint']:  # else a run whose last eval is not its best never ends
                     raise UserError("a study reads every run's final state from its ckpt.pt: leave "
                                     "always_save_checkpoint=True")
@@ -221,11 +224,9 @@ PLAN_PEAK, PLAN_MFU = PEAK_FLOPS['H100']['bfloat16'], 0.40
 def print_plan(runs):
     """Tokens, FLOPs and estimated H100 hours of the runs still to train, per setting: a GPU budget before the
     GPU is rented. FLOPs per token as train.py's MFU counts them (6N + attention); the vocabulary is GPT-2's."""
-    from train import DEFAULTS
-    from model import GPT
     rows, total = {}, 0.0
     for (setting, _, _), (out_dir, args) in runs.items():
-        config = parse_config(DEFAULTS, args)
+        config = parse_config(TRAIN_DEFAULTS, args)
         with torch.device('meta'):  # the parameter count without allocating the weights
             model = GPT(model_config({**config, 'vocab_size': 50257}))
         tokens = config['max_iters'] * config['gradient_accumulation_steps'] * config['batch_size'] * config['block_size']
@@ -303,7 +304,6 @@ def paired_verdict(differences):
 def summarize(loaded, variants):
     """Per variant of one setting: final val losses by seed, their mean/std, the paired difference to attention,
     corridor occupancy (all heads, by layer, layers after the first) and mean γ, δ."""
-    from analyze import occupancy_report
     final = {(v, s): run['log'][-1]['val_loss'] for (v, s), run in loaded.items()}
     summary = {}
     for variant in variants:
@@ -365,7 +365,6 @@ def fmt(result):
 def plot_sweep_losses(loaded, variants, path, title):
     """Validation loss of every variant (mean over seeds) and, beside it, its difference to attention paired by
     seed (mean ± std): the differences are far smaller than the curves' own fall."""
-    from analyze import plt, save
     seeds = sorted({s for v, s in loaded if v == 'attention'})
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for i, v in enumerate(variants):
@@ -395,7 +394,6 @@ def plot_sweep_losses(loaded, variants, path, title):
 
 def setting_figures(setting, loaded, summary, out):
     """Every setting's own figures: losses, occupancy by layer, γ of every head of the corridor (seed 0)."""
-    from analyze import plot_evolution, plot_gamma_delta, plot_occupancy
     folder = out if setting == 'sweep' else os.path.join(out, setting.replace('/', '_'))
     os.makedirs(folder, exist_ok=True)
     variants = list(summary)
@@ -433,7 +431,6 @@ def claims_figures(results, out):
 
 def fixed_gamma_figures(results, out):
     """Δ val loss against the fixed γ, one panel per setting, the learnable corridor's mean γ marked."""
-    from analyze import plt, save
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 3.8), squeeze=False)
     lines = ["### Fixed γ (δ = 1) against attention, paired by seed", '',
              "| setting | " + ' | '.join(f'γ = {g}' for g in FIXED_GAMMAS) + ' | learnable corridor |',
@@ -466,7 +463,6 @@ def fixed_gamma_figures(results, out):
 
 def scales_figures(results, out):
     """Δ val loss (corridor − attention) against parameters per corpus; occupancy by layer against size."""
-    from analyze import plt, save
     corpora = list(dict.fromkeys(s.split('/')[0] for s in results))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     lines = ["### The learnable corridor against attention by model size", '',
@@ -505,7 +501,6 @@ def scales_figures(results, out):
 def gamma_dynamics_figures(results, out):
     """Where γ settles: every head's γ against tokens (per variant), occupancy over time, the loss gap to
     attention over time, and a table of where γ ends, layer 0 against the later layers."""
-    from analyze import plt, save
     lines = ["### Where γ settles", '',
              "| setting | variant | seed | γ̄ layer 0 | γ̄ layers ≥ 1 | γ range | in corridor, layer 0 | layers ≥ 1 | "
              "mean |Δγ| over the last quarter | val − attention |", '|---|---|---|---|---|---|---|---|---|---|']
@@ -549,8 +544,6 @@ def gamma_dynamics_figures(results, out):
 def geometry_figures(results, out):
     """The connection walk of every variant against attention's, paired by seed: per depth regime at the end of
     training (the attention part, and the full operator c_I·I + c_P·P), during training, and against γ."""
-    from analyze import WALK_PANELS, plot_walk_evolution, plt, save, walk_series
-    from walk import depth_regimes
     lines = ["### The connection walk against attention's", '',
              "Final evaluation, per depth regime (initial 20 % of layers, middle, final 20 %): attention's value "
              "(mean over seeds) and each variant's difference to it, paired by seed, for the attention part P of "
@@ -628,7 +621,6 @@ def geometry_figures(results, out):
 
 def report(name, study, runs, out):
     """Load every finished run, write OUT/report.md, report.json and the figures; print the report."""
-    from analyze import load_run
     os.makedirs(out, exist_ok=True)
     results, skipped = {}, []
     for setting in dict.fromkeys(key[0] for key in runs):

@@ -12,8 +12,8 @@ import torch
 
 from conftest import assert_one_line_error, run_script
 from common import UserError
-from test_walk import assert_matches, naive_reference, wiki_like_text
-from walk import connection_diagnostics
+from test_walk import naive_reference, wiki_like_text
+from connection import connection_diagnostics
 
 needs_gguf = pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in ('gguf', 'accelerate')),
                                 reason="GGUF files need `pip install gguf accelerate`")
