@@ -198,6 +198,30 @@ def gguf_model_type(path):
     return {'gemma3': 'gemma3_text'}.get(architecture, architecture)  # transformers reads gemma3's text model
 
 
+GGUF_ROUNDINGS = ('Q4_1', 'Q5_1', 'Q8_0')  # the gguf package's Python quantiser has no K-quants (Gemma's Q4_K_M)
+
+
+@torch.no_grad()
+def gguf_rounded(walker, qtype):
+    """A copy of a walk source whose 2-D weights went through the gguf package's own quantiser and back (qtype, e.g.
+    'Q4_1', the format SmolLM2 ships in): the rounding a GGUF file puts on a float32 model, so the walk's distance
+    from the float32 numbers is the error bar of a quantised model's. Norms and biases stay float32, as llama.cpp
+    keeps them; a matrix whose rows do not split into the format's blocks stays too."""
+    require_gguf_readers()
+    import copy
+    import gguf
+    from gguf.quants import dequantize, quantize
+    kind = gguf.GGMLQuantizationType[qtype]
+    block = gguf.GGML_QUANT_SIZES[kind][0]
+    rounded = copy.copy(walker)
+    rounded.module = copy.deepcopy(walker.module)
+    for p in rounded.module.parameters():
+        if p.dim() == 2 and p.shape[1] % block == 0:
+            w = p.detach().cpu().float().numpy()
+            p.copy_(torch.from_numpy(dequantize(quantize(w, kind), kind)).reshape(p.shape))
+    return rounded
+
+
 def gguf_cache_root():
     return os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'corridor-gpt', 'gguf')
 

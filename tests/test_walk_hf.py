@@ -248,14 +248,16 @@ def test_walk_cli_on_gguf_files(tmp_path, cache):
     for family in ('llama', 'gemma3_text'):
         write_gguf(tiny_model(family), tmp_path / f'{family}.gguf')
     result = run_script('walk.py', tmp_path / 'llama.gguf', tmp_path / 'gemma3_text.gguf', '--text',
-                        tmp_path / 'text.txt', '--n_seqs', '4', '--seq_len', '16', '--gram_edges', '8', '--drop_sink',
+                        tmp_path / 'text.txt', '--n_seqs', '4', '--seq_len', '16', '--gram_edges', '8', '--drop_sink', '--quantize', 'Q8_0',
                         '--out', tmp_path / 'diag', cwd=tmp_path, env=dict(XDG_CACHE_HOME=str(cache)))
     assert result.returncode == 0, result.stderr[-3000:]
     saved = json.loads((tmp_path / 'diag' / 'diagnostics.json').read_text())
     assert (saved['llama.gguf']['kind'], saved['gemma3_text.gguf']['kind']) == ('llama', 'gemma3_text')
     assert (saved['gemma3_text.gguf']['n_layer'], saved['gemma3_text.gguf']['n_kv_head']) == (6, 1)
     assert len(saved['llama.gguf']['random_init']['attention']['delta_orth']) == 2
-    assert '## Table 1' in (tmp_path / 'diag' / 'diagnostics.md').read_text()
+    assert len(saved['llama.gguf']['gguf_rounded']['Q8_0']['attention']['delta_orth']) == 2
+    md = (tmp_path / 'diag' / 'diagnostics.md').read_text()
+    assert '## Table 1' in md and '| gemma3_text.gguf | Q8_0 | max \\|Δ\\| |' in md
 
 
 def test_gguf_sources_missing_packages_or_files_are_one_line_errors(tmp_path, monkeypatch):
@@ -286,3 +288,17 @@ def test_bad_gguf_paths_are_one_line_errors(tmp_path):
             source_kind(str(tmp_path / name))
     with pytest.raises(UserError, match='smollm2-135m is not a GPT-2 model: walk.py reads it'):
         load_model('smollm2-135m')  # train.py and sample.py: only our GPT
+
+
+@needs_gguf
+def test_gguf_rounding_is_q8_0_blockwise_and_leaves_vectors_alone():
+    """Q8_0 by hand: each block of 32 weights along a row is stored as round(w / s) with s = max|w| / 127 in float16."""
+    from types import SimpleNamespace
+    from walk_hf import gguf_rounded
+    torch.manual_seed(0)
+    walker = SimpleNamespace(module=torch.nn.Linear(64, 3))
+    rounded = gguf_rounded(walker, 'Q8_0').module
+    w = walker.module.weight.detach().view(3, 2, 32)
+    scale = (w.abs().amax(-1, keepdim=True) / 127).half().float()
+    torch.testing.assert_close(rounded.weight.detach(), (torch.round(w / scale) * scale).view(3, 64), rtol=0, atol=1e-7)
+    assert torch.equal(rounded.bias, walker.module.bias) and not torch.equal(rounded.weight, walker.module.weight)
