@@ -302,3 +302,27 @@ def test_gguf_rounding_is_q8_0_blockwise_and_leaves_vectors_alone():
     scale = (w.abs().amax(-1, keepdim=True) / 127).half().float()
     torch.testing.assert_close(rounded.weight.detach(), (torch.round(w / scale) * scale).view(3, 64), rtol=0, atol=1e-7)
     assert torch.equal(rounded.bias, walker.module.bias) and not torch.equal(rounded.weight, walker.module.weight)
+
+
+def test_gemma3_with_a_vision_tower_walks_its_language_model():
+    """model_type gemma3 (image + text): the walk reads the text model inside, its heads and its probabilities."""
+    transformers = pytest.importorskip('transformers')
+    from walk_hf import HFWalk
+    torch.manual_seed(0)
+    text = tiny_config('gemma3_text').to_dict()
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    model = transformers.AutoModel.from_config(transformers.Gemma3Config(text_config=text, vision_config=vision),
+                                               attn_implementation='eager').eval()
+    walker = HFWalk(model)
+    assert walker.module is model.language_model and walker.causal
+    layers = walker.layers()
+    assert len(layers) == 6 and layers[0].kv_head.tolist() == [0, 0, 0, 0]
+    for layer, l in ((layers[0], 0), (layers[5], 5)):
+        W_V, W_O, _ = reference_heads(model.language_model, l)[2]
+        assert torch.equal(layer.W_V[2], W_V) and torch.equal(layer.W_O[2], W_O)
+    idx = torch.randint(0, len(TOKENS), (1, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        walked = walker.attention_probs(idx)[0].double()
+        lm = model.language_model.double()
+        torch.testing.assert_close(walked, brute_force_probs(lm, layer_inputs(lm, idx)[0], 0), rtol=0, atol=1e-5)
