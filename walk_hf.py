@@ -65,11 +65,11 @@ FAMILIES = {
     'llama': Family(causal=True, attention=decoder_layers, heads=decoder_heads),
     'qwen2': Family(causal=True, attention=decoder_layers, heads=decoder_heads),
     'qwen3': Family(causal=True, attention=decoder_layers, heads=decoder_heads),
+    'bert':  Family(causal=False, attention=lambda model: [layer.attention for layer in model.encoder.layer],
+                    heads=bert_heads),
     'gemma3_text': Family(causal=True, attention=decoder_layers, heads=decoder_heads),
     'gemma3': Family(causal=True, attention=decoder_layers, heads=decoder_heads,
                      text_model=lambda model: model.language_model),
-    'bert':  Family(causal=False, attention=lambda model: [layer.attention for layer in model.encoder.layer],
-                    heads=bert_heads),
 }
 
 
@@ -122,8 +122,9 @@ def model_type(source):
             raise UserError(f"cannot load {source!r} from the Hugging Face hub ({type(e).__name__}): no network? "
                             f"pass a local folder saved with save_pretrained") from None
     else:
-        raise UserError(f"{source!r} is not a run folder, a transformers folder, a .gguf file, a GPT-2 name "
-                        f"({', '.join(GPT2_NAMES)}) or a packaged model ({', '.join([MINILM, *PACKAGED_GGUF])})")
+        raise UserError(f"{source!r} is not a run folder, a transformers folder or a GPT-2 name "
+                        f"({', '.join(GPT2_NAMES)}), nor a .gguf file or a packaged model "
+                        f"({', '.join([MINILM, *PACKAGED_GGUF])})")
     if kind != 'gpt2' and kind not in FAMILIES:
         raise UserError(f"{source}: model_type {kind!r} is not supported (supported: gpt2, {', '.join(FAMILIES)})")
     return kind
