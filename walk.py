@@ -412,7 +412,7 @@ def run_diagnostics(args):
         sweep_idx = None
         if args.context_sweep:  # documents: the only unit long enough at 1,024 tokens, the same at every length
             sweep_idx = {n: sample_sequences(text, codec, args.sweep_seqs, n, 'documents', args.seed).to(device)
-                         for n in context_lengths(max_len, args.seq_len)}
+                         for n in context_lengths(min(max_len, args.sweep_max_len), args.seq_len)}
         entry = dict(kind=kinds[source], **architecture(walker), sequences=idx.shape[0], seq_len=idx.shape[1])
         layer = args.layer if args.layer is not None else entry['n_layer'] // 2
         if not 0 <= layer < entry['n_layer']:
@@ -474,6 +474,8 @@ def main(argv):
     parser.add_argument('--quantize', default='', help='also walk each model with its 2-D weights rounded through '
                         'these GGUF formats and back (comma-separated: Q4_1, Q5_1, Q8_0; needs gguf): how far each '
                         'number moves, per layer, is the error bar of a quantised model\'s')
+    parser.add_argument('--sweep_max_len', type=int, default=1024, help='longest context of the sweep (default 1024; '
+                        'the cost grows as T², so a CPU run may stop at 256)')
     parser.add_argument('--device', help='default: cuda when available, else cpu')
     run_diagnostics(parser.parse_args(argv))
 
