@@ -467,6 +467,35 @@ def test_kv_cached_generation_equals_recomputing_every_position(operator):
                        model.generate(prompt, 12, temperature=1.0, top_k=10, generator=g2, use_cache=False))
 
 
+def test_top_k_1_is_greedy():
+    model = train_steps(build(operator='corridor')).eval()
+    prompt = tokens(B=2, T=5)
+    greedy = model.generate(prompt, 12, temperature=0)
+    for temperature in (0.5, 1.0, 3.0):
+        assert torch.equal(model.generate(prompt, 12, temperature=temperature, top_k=1,
+                                          generator=torch.Generator().manual_seed(0)), greedy)
+
+
+@pytest.mark.parametrize('temperature,top_k', [(1.0, None), (0.5, None), (2.0, 3), (1.0, 1000)])
+def test_sampling_frequencies_follow_softmax_of_logits_over_temperature_within_the_top_k(temperature, top_k,
+                                                                                          monkeypatch):
+    """A fixed logit vector (the model's head replaced), 20,000 one-token samples from a seeded generator: each
+    token's frequency is softmax(logits / T) renormalised over the k largest logits, by hand, and 0 outside them."""
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0] + [-30.0] * 44)
+    model = build().eval()
+    monkeypatch.setattr(model, '_logits', lambda x: logits.expand(len(x), -1).clone())
+    n = 20_000
+    sampled = model.generate(torch.zeros(n, 1, dtype=torch.long), 1, temperature=temperature, top_k=top_k,
+                             generator=torch.Generator().manual_seed(0))[:, 1]
+    frequency = torch.bincount(sampled, minlength=50).double() / n
+    kept = logits.tolist()[:top_k or 50]  # the logits are sorted: the top k are the first k
+    weights = [math.exp(z / temperature) for z in kept]
+    expected = [w / sum(weights) for w in weights] + [0.0] * (50 - len(kept))
+    assert frequency.tolist() == pytest.approx(expected, abs=0.012)  # ~3.5 binomial standard deviations
+    if top_k:
+        assert frequency[top_k:].sum() == 0
+
+
 def test_gpt2_weights_import_gives_gpt2_logits(tmp_path):
     transformers = pytest.importorskip('transformers')
     torch.manual_seed(0)

@@ -2,6 +2,8 @@
 (shared runs, skipped when finished), every study's figures, the GPU presets on CPU, one-line errors."""
 
 import json
+import math
+import statistics
 
 import pytest
 import torch
@@ -29,6 +31,34 @@ def test_paired_verdict_is_a_two_sided_t_test_at_five_percent():
     assert sweep.paired_verdict([])[2] == 'not measured'
 
 
+def differences_with_t(t, n):
+    """n paired differences whose one-sample t statistic mean / (std / √n) is exactly t (std = 1)."""
+    spread = [(-1) ** k for k in range(n)] if n % 2 == 0 else [-1.0, 0.0, 1.0] + [(-1) ** k for k in range(n - 3)]
+    scale = 1 / statistics.stdev(spread)
+    return [t / math.sqrt(n) + scale * x for x in spread]
+
+
+# Student's t quantiles from printed tables (not from sweep.py): two-sided 5 % = t_0.975; one-sided 5 % = t_0.95
+@pytest.mark.parametrize('n,t_975,t_95,t_975_at_n', [(3, 4.303, 2.920, 3.182), (4, 3.182, 2.353, 2.776),
+                                                     (8, 2.365, 1.895, 2.306)])
+def test_paired_verdict_flips_just_at_the_two_sided_critical_value_with_n_minus_1_degrees_of_freedom(
+        n, t_975, t_95, t_975_at_n):
+    """A t 1 % below t_0.975(n − 1) is inconclusive, 1 % above it is not: that rules out n degrees of freedom
+    (a smaller critical value) and a one-sided table (smaller still), which both call the first one significant."""
+    assert max(t_95, t_975_at_n) < 0.99 * t_975
+    for sign, verdict in ((1, 'higher'), (-1, 'lower')):
+        assert sweep.paired_verdict(differences_with_t(sign * 0.99 * t_975, n))[2] == 'inconclusive'
+        assert sweep.paired_verdict(differences_with_t(sign * 1.01 * t_975, n))[2] == verdict
+    mean, std, _ = sweep.paired_verdict(differences_with_t(3.0, n))
+    assert (mean, std) == (pytest.approx(3.0 / math.sqrt(n)), pytest.approx(1.0))
+
+
+def test_paired_verdict_beyond_30_degrees_of_freedom_uses_30s_value():
+    """t_0.975(40) = 2.021, t_0.975(30) = 2.042: between them the verdict is (slightly strictly) inconclusive."""
+    assert sweep.paired_verdict(differences_with_t(2.03, 41))[2] == 'inconclusive'
+    assert sweep.paired_verdict(differences_with_t(2.06, 41))[2] == 'higher'
+
+
 def test_variant_specs_carry_values_and_name_each_run_once():
     assert sweep.parse_variant('fixed_gamma=-0.3') == ('fixed_gamma=-0.3', dict(
         operator='corridor', gamma_init=-0.3, learn_gamma=False, learn_delta=False))
@@ -54,7 +84,8 @@ def test_every_study_plans_valid_runs_on_cpu_and_gpu(tiny_data_root):
 
 
 def test_sweep_variants_share_initial_weights_and_data_by_seed():
-    """Pairing by seed is meaningful: with the same seed every variant starts from the same weights."""
+    """Pairing by seed is meaningful: with the same seed every variant starts from the same weights (and sees the
+    same batches: test_train's test_every_variant_sees_the_same_batches_with_the_same_seed)."""
     models = {}
     for operator in ('attention', 'corridor', 'alpha_beta', 'laplacian'):
         torch.manual_seed(3)
@@ -172,3 +203,90 @@ def test_plan_prints_the_gpu_budget_without_data_or_training(tmp_path):
     hours = [float(row.split(' | ')[3]) for row in rows]
     assert hours == sorted(hours) and 'total to train:' in result.stdout
     assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------------------------ the reports' numbers
+
+FINAL_LOSS = {'attention': (2.00, 2.10, 2.20), 'corridor': (1.90, 2.05, 2.10), 'fixed_gamma=-0.3': (2.01, 2.08, 2.23),
+              'corridor_lr': (1.95, 2.00, 2.15)}
+CORRIDOR_GAMMA = [[0.1, -0.2], [-0.5, -0.3], [-0.4, -1.2], [-0.6, -0.1], [-0.2, 0.07]]  # 5 layers × 2 heads, at the end
+
+
+def fake_run(variant, seed):
+    """What analyze.load_run gives for a finished run, made up: 5 evaluations of 50k tokens each; the corridors' γ
+    moves by 0.02 per evaluation to CORRIDOR_GAMMA − 0.01·seed; attention and corridor log a walk (5 layers) whose
+    δ_orth in layer 0 is 1 + 0.1·seed for attention, +0.04/0.05/0.06 for the corridor's P, −0.2/−0.1/−0.3 for its
+    full operator."""
+    final = FINAL_LOSS[variant][seed]
+    if variant == 'attention':
+        gamma = [[0.0] * 2 for _ in range(5)]
+    elif variant.startswith('fixed_gamma'):
+        gamma = [[-0.3] * 2 for _ in range(5)]
+    else:
+        gamma = [[g - 0.01 * seed for g in row] for row in CORRIDOR_GAMMA]
+    moves = not variant.startswith(('attention', 'fixed'))
+    log = []
+    for k in range(5):
+        entry = dict(iter=10 * k, tokens=50_000 * 10 * k, val_loss=final + 0.1 * (4 - k), train_loss=final,
+                     gamma=[[g - 0.02 * (4 - k) * moves for g in row] for row in gamma], delta=[[1.0] * 2] * 5)
+        if variant in ('attention', 'corridor'):
+            def walk(first):
+                return dict(delta_orth=[first, 1.2, 1.3, 1.4, 1.5], drift=[0.1] * 4, a_eff_fro=[2.0] * 5,
+                            gram_diag_mean=[1.0] * 5, gram_offdiag_mean=[0.1] * 5)
+            base = 1 + 0.1 * seed
+            entry['walk'] = dict(attention=walk(base)) if variant == 'attention' else \
+                dict(attention=walk(base + (0.04, 0.05, 0.06)[seed]), operator=walk(base + (-0.2, -0.1, -0.3)[seed]))
+        log.append(entry)
+    return dict(log=log, gamma=torch.tensor(gamma), delta=torch.ones(5, 2), params=1_234_567,
+                config=dict(operator='attention' if variant == 'attention' else 'corridor'))
+
+
+@pytest.fixture
+def fake_study(monkeypatch):
+    import matplotlib.figure
+    monkeypatch.setattr(matplotlib.figure.Figure, 'savefig', lambda *args, **kwargs: None)  # the tables, not the PNGs
+    loaded = {(v, s): fake_run(v, s) for v in FINAL_LOSS for s in range(3)}
+    return {'tiny/a': (loaded, sweep.summarize(loaded, list(FINAL_LOSS)))}
+
+
+# Hand computations. corridor − attention: −0.10, −0.05, −0.10: mean −0.0833, std 0.0289, t = 5.0 > t_0.975(2) = 4.303.
+# fixed γ = −0.3 − attention: +0.01, −0.02, +0.03: mean +0.0067, std 0.0252. corridor_lr: t = 4.0 < 4.303.
+# The corridor's γ: layer 0 mean −0.05, layers ≥ 1 mean −0.40375, all layers −0.333 (minus 0.01·seed);
+# in −1 < γ < 0: layer 0 one head of 2, layers ≥ 1 six of 8.
+
+def test_claims_report_states_the_paired_differences_and_occupancy(fake_study, tmp_path):
+    lines = sweep.claims_figures(fake_study, tmp_path)
+    assert "- a: learnable δ(γI+P) lowers val loss vs attention: -0.0833 ± 0.0289 → **lower**" in lines
+    assert "- b: heads beyond the first layer in −1 < γ < 0: 75% (mean γ -0.343)" in lines
+    assert "- c: γ ≥ 0 raises val loss vs learnable γ: not measured" in lines
+
+
+def test_fixed_gamma_report_states_each_fixed_gammas_paired_difference(fake_study, tmp_path):
+    row = next(line for line in sweep.fixed_gamma_figures(fake_study, tmp_path) if line.startswith('| tiny/a |'))
+    cells = row.strip('| ').split(' | ')
+    assert cells[1 + sweep.FIXED_GAMMAS.index(-0.3)] == '+0.0067 ± 0.0252 inconclusive'
+    assert cells.count('–') == len(sweep.FIXED_GAMMAS) - 1
+    assert cells[-1] == '-0.0833 ± 0.0289 → **lower** (γ̄ -0.343)'
+
+
+def test_scales_report_states_size_difference_and_occupancy(fake_study, tmp_path):
+    rows = [line for line in sweep.scales_figures(fake_study, tmp_path) if line.startswith('| tiny/a |')]
+    assert rows == ['| tiny/a | 1.23M | 2.00M | -0.0833 ± 0.0289 | lower | 75% | -0.343 |']
+
+
+def test_gamma_dynamics_report_states_where_gamma_ends_per_seed(fake_study, tmp_path):
+    rows = [line for line in sweep.gamma_dynamics_figures(fake_study, tmp_path) if line.startswith('| tiny/a |')]
+    assert '| tiny/a | corridor | 0 | -0.050 | -0.404 | [-1.20, +0.10] | 50% | 75% | 0.0200 | -0.1000 |' in rows
+    assert '| tiny/a | corridor | 1 | -0.060 | -0.414 | [-1.21, +0.09] | 50% | 75% | 0.0200 | -0.0500 |' in rows
+    assert '| tiny/a | corridor_lr | 2 | -0.070 | -0.424 | [-1.22, +0.08] | 50% | 75% | 0.0200 | -0.0500 |' in rows
+    assert '| tiny/a | fixed_gamma=-0.3 | 2 | -0.300 | -0.300 | [-0.30, -0.30] | 100% | 100% | 0.0000 | +0.0300 |' in rows
+    assert len(rows) == 9  # the three variants with operator scalars × 3 seeds; attention has none
+
+
+def test_geometry_report_states_attentions_value_and_the_paired_differences(fake_study, tmp_path):
+    lines = sweep.geometry_figures(fake_study, tmp_path)
+    assert '| diagnostic | regime | attention | corridor: P | corridor: operator |' in lines  # only runs with a walk
+    # layer 0 is the initial regime of 5 layers: attention 1.0, 1.1, 1.2 → 1.1; P +0.04, +0.05, +0.06 → t = 8.7;
+    # the full operator −0.2, −0.1, −0.3 → t = 3.5 < 4.303
+    assert '| δ_orth | initial | 1.1 | +0.05 ± 0.01 higher | -0.2 ± 0.1 inconclusive |' in lines
+    assert any(line.startswith('| δ_orth | middle | 1.3 | ') for line in lines)  # layers 1–3

@@ -41,9 +41,13 @@ def test_tiny_model_learns_and_logs_every_heads_gamma_delta_at_every_eval(traine
         for key in ('gamma', 'delta', 'c_I', 'c_P'):
             values = torch.tensor(entry[key])
             assert values.shape == (2, 2) and torch.isfinite(values).all()
-        torch.testing.assert_close(torch.tensor(entry['c_I']), torch.tensor(entry['gamma']) * torch.tensor(entry['delta']))
     assert log[-1]['tokens'] == 60 * 8 * 32
     ckpt = torch.load(trained_run / 'ckpt.pt', weights_only=True)
+    # the last line logs the saved model's own corridor parameters, and the paper's c_I = δγ, c_P = δ of them
+    gamma, delta = (torch.stack([ckpt['model'][f'transformer.h.{l}.attn.coefficients.{name}'] for l in range(2)])
+                    for name in ('gamma', 'delta'))
+    for key, expected in (('gamma', gamma), ('delta', delta), ('c_I', delta * gamma), ('c_P', delta)):
+        torch.testing.assert_close(torch.tensor(log[-1][key]), expected.float())
     assert ckpt['iter_num'] == 60 and ckpt['best_val_loss'] == min(e['val_loss'] for e in log)
     assert json.loads((trained_run / 'config.json').read_text())['operator'] == 'corridor'
 
@@ -325,9 +329,33 @@ def test_walk_interval_logs_per_layer_geometry_and_changes_nothing_else(tiny_dat
         assert set(entry['walk']) == {'attention', 'operator'}  # a corridor run: both parts
         for part in entry['walk'].values():
             assert len(part['drift']) == 1 and len(part['delta_orth']) == 2  # 2 layers
-            assert part['delta_orth_trace'] == pytest.approx([x / math.sqrt(32) for x in part['delta_orth']])
             assert all(math.isfinite(x) for values in part.values() for x in values)
     assert walk[-1]['walk']['operator'] != walk[-1]['walk']['attention']
+
+
+def test_logged_walk_geometry_is_the_explicit_per_edge_computation(tiny_data_root, tmp_path, monkeypatch):
+    """The walk a log line holds, for both parts, against test_walk's naive reference (every edge's d×d Gram built
+    in float64) on the model and sequences of that evaluation."""
+    import copy
+    import train as train_module
+    from test_walk import naive_diagnostics
+    geometry = train_module.walk_geometry
+    seen = []
+    monkeypatch.setattr(train_module, 'walk_geometry', lambda model, idx: (seen.append((copy.deepcopy(model), idx)),
+                                                                           geometry(model, idx))[1])
+    out = tmp_path / 'out'
+    train_in_process(monkeypatch, tiny_data_root, out, '--operator=corridor', '--init_spread=0.3', '--block_size=8',
+                     '--max_iters=3', '--eval_interval=3', '--walk_interval=3', '--walk_seqs=2', '--eval_iters=1',
+                     '--lr_decay_iters=10')
+    model, idx = seen[-1]
+    assert idx.shape == (2, 8)
+    logged = read_log(out)[-1]['walk']
+    model = model.double().eval()
+    for part, full_operator in (('attention', False), ('operator', True)):
+        naive = naive_diagnostics(model, idx, full_operator=full_operator)
+        for key in ('a_eff_fro', 'drift', 'delta_orth', 'delta_orth_trace', 'gram_rel', 'gram_diag_mean',
+                    'gram_offdiag_mean'):
+            assert logged[part][key] == pytest.approx(naive[key], rel=1e-4), (part, key)
 
 
 def read_wandb_history(run_file):
@@ -467,6 +495,143 @@ def test_a_sixth_operator_is_one_table_entry(tiny_data_root, tmp_path, monkeypat
     assert [e['iter'] for e in log] == [0, 2]
     assert log[0]['gamma'] != log[1]['gamma']  # θ learnt in two steps
     assert all(-1 < g < 0 for row in log[1]['gamma'] for g in row)
+
+
+# ---------------------------------------------------------------------------------------------- the loop's pieces
+
+def test_learning_rate_warms_up_linearly_then_follows_a_cosine_to_min_lr():
+    """Hand values: learning_rate 1, min_lr 0.1, 10 warmup iterations, decay over iterations 10 … 110."""
+    from types import SimpleNamespace
+    from train import get_lr
+    cfg = SimpleNamespace(decay_lr=True, learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=110)
+    warmup = [get_lr(it, cfg) for it in range(11)]
+    assert warmup[0] == pytest.approx(1 / 11) and warmup[4] == pytest.approx(5 / 11)  # never 0: the first step moves
+    assert all(b - a == pytest.approx(1 / 11) for a, b in zip(warmup, warmup[1:]))  # linear, up to the peak
+    assert warmup[10] == pytest.approx(1.0)
+    # cosine: min_lr + (1 + cos(π·progress)) / 2 · (learning_rate − min_lr)
+    assert get_lr(35, cfg) == pytest.approx(0.1 + 0.9 * 0.8535534)   # a quarter: (1 + 1/√2) / 2
+    assert get_lr(60, cfg) == pytest.approx(0.55)                   # halfway
+    assert get_lr(85, cfg) == pytest.approx(0.1 + 0.9 * 0.1464466)  # three quarters: (1 − 1/√2) / 2
+    assert get_lr(110, cfg) == pytest.approx(0.1) and get_lr(5000, cfg) == 0.1
+    assert get_lr(35, SimpleNamespace(**{**vars(cfg), 'decay_lr': False})) == 1.0
+
+
+def train_in_process(monkeypatch, data_root, out, *args):
+    import train as train_module
+    monkeypatch.setattr(signal, 'signal', lambda *a: None)  # in-process: leave pytest's handlers alone
+    train_module.main([*TINY_TRAIN_ARGS, f'--data_root={data_root}', f'--out_dir={out}', *args])
+
+
+def test_every_variant_sees_the_same_batches_with_the_same_seed(tiny_data_root, tmp_path, monkeypatch):
+    """Pairing variants by seed compares operators, not data orders: the batches (training and evaluation) do not
+    depend on the operator, nor on how many random numbers building its model drew (init_spread)."""
+    import train as train_module
+    batch = train_module.Data.batch
+    seen = []
+    monkeypatch.setattr(train_module.Data, 'batch', lambda self, split, offsets: (seen.append((split, offsets.tolist())),
+                                                                                  batch(self, split, offsets))[1])
+    runs = {}
+    for name, args in (('attention', ['--operator=attention']), ('corridor', ['--operator=corridor', '--init_spread=0.3']),
+                       ('other seed', ['--operator=attention', '--seed=7'])):
+        seen.clear()
+        train_in_process(monkeypatch, tiny_data_root, tmp_path / name, *args, '--max_iters=4', '--eval_interval=4',
+                         '--eval_iters=1', '--lr_decay_iters=10', '--dropout=0.1')
+        runs[name] = list(seen)
+    assert [s for s, _ in runs['attention']].count('train') == 4 + 2  # 4 steps; 2 evaluations of 1 batch
+    assert runs['corridor'] == runs['attention']
+    assert runs['other seed'] != runs['attention']
+
+
+def test_grad_clip_bounds_the_gradient_norm_of_every_step(tiny_data_root, tmp_path, monkeypatch):
+    """The global gradient norm (float64, over every parameter) at the optimizer step is at most grad_clip, and
+    exactly grad_clip where it was larger; without clipping it is larger here."""
+    step = torch.amp.GradScaler.step
+    norms = []
+
+    def measured_step(self, optimizer, *args, **kwargs):
+        grads = [p.grad.double() for group in optimizer.param_groups for p in group['params'] if p.grad is not None]
+        norms.append(torch.cat([g.flatten() for g in grads]).norm().item())
+        return step(self, optimizer, *args, **kwargs)
+    monkeypatch.setattr(torch.amp.GradScaler, 'step', measured_step)
+    common = ['--operator=corridor', '--max_iters=3', '--eval_interval=3', '--eval_iters=1', '--lr_decay_iters=10']
+    train_in_process(monkeypatch, tiny_data_root, tmp_path / 'free', *common, '--grad_clip=0.0')
+    free, norms[:] = list(norms), []
+    train_in_process(monkeypatch, tiny_data_root, tmp_path / 'clipped', *common, '--grad_clip=0.05')
+    assert len(free) == len(norms) == 3
+    assert free[0] > 0.2  # so the clip below binds
+    assert norms[0] == pytest.approx(0.05, rel=1e-5) and all(n <= 0.05 * (1 + 1e-5) for n in norms)
+
+
+def start_training(data_root, out, *args):
+    process = subprocess.Popen([sys.executable, str(REPO / 'train.py'), *TINY_TRAIN_ARGS, f'--data_root={data_root}',
+                                f'--out_dir={out}', '--max_iters=100000', '--lr_decay_iters=100000', *args],
+                               cwd=data_root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(600):  # until the first evaluation is logged: the loop, and its signal handlers, are running
+        if (out / 'log.jsonl').exists() and (out / 'log.jsonl').read_text():
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)
+    return process
+
+
+def test_sigterm_saves_at_an_iteration_boundary_and_stops(tiny_data_root, tmp_path):
+    """What a cluster's scheduler sends before it kills a job."""
+    out = tmp_path / 'out'
+    process = start_training(tiny_data_root, out, '--eval_interval=100000')
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr[-2000:]
+    stopped_at = int(stdout.split('stopped at iter ')[1].split(';')[0])
+    assert 0 < stopped_at < 100000
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == stopped_at
+
+
+def test_a_second_signal_aborts_at_once_without_saving(tiny_data_root, tmp_path):
+    """Ctrl-C then another (here SIGINT then SIGTERM, which the kernel cannot merge into one): no graceful stop."""
+    out = tmp_path / 'out'
+    process = start_training(tiny_data_root, out, '--eval_interval=100000')
+    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode != 0 and 'KeyboardInterrupt' in stderr
+    assert 'stopped at iter' not in stdout and not (out / 'ckpt.pt').exists()
+
+
+def test_eval_only_changes_nothing_and_a_resume_drops_log_lines_past_the_checkpoint(finished_run, monkeypatch,
+                                                                                      capsys):
+    """One finished run (iters 0 and 10 logged, checkpoint at 10), two behaviours. eval_only prints the losses the
+    log holds and touches no file. Then a crash between a log line and its checkpoint, faked: the resumed run
+    repeats that evaluation, and the stale line (and one torn by the crash) must not stay beside the new one."""
+    import train as train_module
+    monkeypatch.setattr(signal, 'signal', lambda *a: None)  # in-process: leave pytest's handlers alone
+    before = digest(finished_run)
+    train_module.main(['--init_from=resume', f'--out_dir={finished_run}', '--eval_only=True'])
+    last = read_log(finished_run)[-1]
+    assert f"iter 10: train loss {last['train_loss']:.4f}, val loss {last['val_loss']:.4f}" in capsys.readouterr().out
+    assert digest(finished_run) == before
+
+    with open(finished_run / 'log.jsonl', 'a') as f:
+        f.write(json.dumps(dict(iter=20, val_loss=99.0)) + '\n' + '{"iter": 25, "val_lo')
+    train_module.main(['--init_from=resume', f'--out_dir={finished_run}', '--max_iters=20'])
+    log = read_log(finished_run)
+    assert [e['iter'] for e in log] == [0, 10, 20] and log[-1]['val_loss'] < 99
+
+
+def test_snapshots_at_their_interval_and_overwrite_removes_an_old_runs_checkpoints(tiny_data_root, tmp_path,
+                                                                                    monkeypatch):
+    out = tmp_path / 'out'
+    train_in_process(monkeypatch, tiny_data_root, out, '--max_iters=10', '--eval_interval=5', '--snapshot_interval=10',
+                     '--eval_iters=1')
+    snapshots = sorted(p.name for p in out.glob('ckpt_*.pt'))
+    assert 'ckpt_0000010.pt' in snapshots and 'ckpt_0000005.pt' not in snapshots
+    snapshot, last = (torch.load(out / name, weights_only=True) for name in ('ckpt_0000010.pt', 'ckpt.pt'))
+    assert snapshot['iter_num'] == last['iter_num'] == 10
+    assert all(torch.equal(snapshot['model'][k], v) for k, v in last['model'].items())
+    train_in_process(monkeypatch, tiny_data_root, out, '--max_iters=5', '--eval_interval=5', '--eval_iters=1',
+                     '--overwrite=True')
+    assert sorted(p.name for p in out.glob('ckpt*.pt')) == ['ckpt.pt']  # the old run's snapshots are gone too
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 5
+    assert [e['iter'] for e in read_log(out)] == [0, 5]
 
 
 # ---------------------------------------------------------------------------------------------- the quick start

@@ -31,15 +31,15 @@ def tiny_model(n_layer=2, n_head=2, n_embd=8, operator='attention', seed=0, **ov
 def naive_reference(probs, heads, edges, c=None):
     """The definitions, one edge at a time, with every d×d matrix built explicitly. probs: every layer's P
     [N, H, T, T]; heads: every layer's [(W_V^h, W_O^h, KV group of h)]; edges: [(i, j)]; c: every layer's (c_I, c_P)
-    [H] for the full operator, or None."""
+    [H] for the full operator, or None. (The closed-form null is not here: it is checked against a Monte Carlo.)"""
     keys = ('a_eff_fro', 'drift', 'delta_orth', 'delta_orth_trace', 'gram_rel', 'gram_diag_mean', 'gram_offdiag_mean',
-            'delta_orth_null', 'gram_edge_diag_mean', 'gram_edge_offdiag_mean')
+            'gram_edge_diag_mean', 'gram_edge_offdiag_mean')
     out = {k: [] for k in keys}
     previous = None
     for l, (p, layer) in enumerate(zip(probs, heads)):
         N, H, T, _ = p.shape
         M = [W_V @ W_O for W_V, W_O, _ in layer]
-        d, d_h = M[0].shape[0], layer[0][0].shape[1]
+        d = M[0].shape[0]
         if c is not None:
             c_I, c_P = c[l]
             p = torch.stack([c_I[h] * torch.eye(T, dtype=p.dtype) + c_P[h] * p[:, h] for h in range(H)], 1)
@@ -49,7 +49,7 @@ def naive_reference(probs, heads, edges, c=None):
         if previous is not None:
             out['drift'].append(sum(1 - (a @ b) / (a.norm() * b.norm()) for a, b in zip(previous, vectors)).item() / N)
         previous = vectors
-        per_edge = {k: [] for k in ('delta', 'trace', 'rel', 'null', 'diag', 'off')}
+        per_edge = {k: [] for k in ('delta', 'trace', 'rel', 'diag', 'off')}
         gram_sum = torch.zeros(d, d, dtype=torch.float64)
         for n in range(N):
             for i, j in edges:
@@ -60,16 +60,11 @@ def naive_reference(probs, heads, edges, c=None):
                 per_edge['delta'].append(((G - mu_I).norm() / mu_I.norm()).item())
                 per_edge['trace'].append(((G - mu_I).norm() / torch.trace(G)).item())
                 per_edge['rel'].append(((G - mu_I).norm() / G.norm()).item())
-                groups = {}
-                for w, (_, _, g) in zip(weights, layer):
-                    groups[g] = groups.get(g, 0.0) + w.item() ** 2
-                per_edge['null'].append(math.sqrt(1 + d / d_h * sum(s ** 2 for s in groups.values())
-                                                  / sum(w.item() ** 2 for w in weights) ** 2))
                 per_edge['diag'].append(G.diagonal().abs().mean().item())
                 per_edge['off'].append(((G.abs().sum() - G.diagonal().abs().sum()) / (d * d - d)).item())
                 gram_sum += G
         for key, name in (('delta_orth', 'delta'), ('delta_orth_trace', 'trace'), ('gram_rel', 'rel'),
-                          ('delta_orth_null', 'null'), ('gram_edge_diag_mean', 'diag'),
+                          ('gram_edge_diag_mean', 'diag'),
                           ('gram_edge_offdiag_mean', 'off')):
             out[key].append(statistics.fmean(per_edge[name]))
         gram = gram_sum / len(per_edge['delta'])
@@ -119,6 +114,41 @@ def test_full_operator_with_signed_weights_equals_the_naive_computation(drop_sin
     assert_matches(fast, naive_diagnostics(model, idx, drop_sink=drop_sink, full_operator=True), rel=1e-6)
     attention_part = connection_diagnostics(model, idx, drop_sink=drop_sink)
     assert attention_part['delta_orth'] != pytest.approx(fast['delta_orth'], rel=1e-3)  # the identity term counts
+
+
+def test_standard_errors_are_the_spread_of_per_sequence_values_over_root_n():
+    """sem of each per-sequence diagnostic: the sample standard deviation (n − 1) over sequences of the naive
+    reference run on each sequence alone, over √N."""
+    model = tiny_model(n_layer=3)
+    idx = torch.randint(0, 30, (5, 7), generator=torch.Generator().manual_seed(4))
+    sem = connection_diagnostics(model, idx)['sem']
+    alone = [naive_diagnostics(model, idx[n:n + 1]) for n in range(5)]
+    for key in ('a_eff_fro', 'drift', 'delta_orth', 'delta_orth_trace'):
+        expected = [statistics.stdev(a[key][l] for a in alone) / math.sqrt(5) for l in range(len(alone[0][key]))]
+        assert sem[key] == pytest.approx(expected, rel=1e-9), key
+    assert all(math.isnan(x) for x in connection_diagnostics(model, idx[:1])['sem']['delta_orth'])  # one sequence
+
+
+def test_closed_form_null_matches_a_monte_carlo_over_gaussian_value_and_output_weights():
+    """delta_orth_null against its definition: the mean δ_orth of the same walk (the model's own attention, its
+    W_Q, W_K kept) over 12 draws of Gaussian W_V, W_O, at d = 128 with 4 heads of uneven weights."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=30, n_layer=1, n_head=4, n_embd=128)).double().eval()
+    attn = model.transformer.h[0].attn
+    with torch.no_grad():
+        attn.c_attn.weight[:256].normal_(0, 0.3)  # W_Q, W_K: sharp, uneven heads
+    idx = torch.randint(0, 30, (2, 10), generator=torch.Generator().manual_seed(1))
+    nulls, draws = [], []
+    for _ in range(12):
+        with torch.no_grad():
+            attn.c_attn.weight[256:].normal_()  # W_V
+            attn.c_proj.weight.normal_()        # W_O
+        r = connection_diagnostics(model, idx)
+        nulls.append(r['delta_orth_null'][0])
+        draws.append(r['delta_orth'][0])
+    assert max(nulls) == pytest.approx(min(nulls), rel=1e-12)  # the null depends on the walk only
+    assert nulls[0] > 1.02 * math.sqrt(2)  # above √2, the value for equal head weights: the walk's weights count
+    assert statistics.fmean(draws) == pytest.approx(nulls[0], rel=0.02)
 
 
 def test_identical_heads_make_the_transport_the_head_matrix():

@@ -1,0 +1,204 @@
+"""
+The mutation check: plausible bugs, put one at a time into a copy of the repo; each must fail the tests named for
+the behaviour it breaks. Not collected by pytest (no test_ prefix); run it after changing tests or the code they pin:
+
+    python tests/mutants.py                     # every mutant (10–60 s each: only its own tests)
+    python tests/mutants.py --list              # the mutants and their tests
+    python tests/mutants.py --only cosine_reversed,t_at_n_df
+    python tests/mutants.py --baseline          # first check that each selection passes on the unmutated copy
+
+Each mutant is (name, file, an exact snippet of it, its replacement, the pytest arguments that should kill it).
+A snippet that no longer occurs exactly once is reported as ERROR, so the list can't rot silently: after a
+refactor, fix the snippet. Result per mutant: killed (a selected test failed), SURVIVED (all passed: a test is
+missing), ERROR (snippet gone or ambiguous, no test selected, or pytest itself broke); exit status 1 unless every
+mutant is killed.
+
+Why an explicit list rather than a mutation tool: mutmut (3.8) and cosmic-ray (8.7) both install from PyPI and run
+offline, but they generate every operator and constant swap of a file (hundreds for model.py alone, most of them
+equivalent or in error messages) and run the tests covering each one; with tests that train tiny models in
+subprocesses that is hours on 2 cores, and a survivor says less than a bug someone could actually write. Here
+every mutant is such a bug, from issue 21's table and the core the paper rests on.
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Mutant(NamedTuple):
+    name: str
+    file: str
+    original: str
+    replacement: str
+    tests: tuple  # pytest arguments, run with -x -q
+
+
+def k(file, expression):
+    return (f'tests/{file}', '-k', expression)
+
+
+MUTANTS = [
+    # issue 21's table: uncaught before it
+    Mutant('t_at_n_df', 'sweep.py', 'T_CRITICAL[min(n - 2,', 'T_CRITICAL[min(n - 1,',
+           k('test_sweep.py', 'paired_verdict')),
+    Mutant('t_one_sided', 'sweep.py', 'T_CRITICAL = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306,',
+           'T_CRITICAL = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860,', k('test_sweep.py', 'paired_verdict')),
+    Mutant('checkpoint_written_in_place', 'common.py', 'tmp = f"{path}.tmp"', 'tmp = path',
+           k('test_common.py', 'save_that_dies')),
+    Mutant('data_order_by_operator', 'train.py', 'data_rng = torch.Generator().manual_seed(cfg.seed)',
+           'data_rng = torch.Generator().manual_seed(cfg.seed + len(cfg.operator))',
+           k('test_train.py', 'same_batches')),
+    Mutant('cosine_reversed', 'train.py', '0.5 * (1.0 + math.cos(', '0.5 * (1.0 - math.cos(',
+           k('test_train.py', 'learning_rate_warms')),
+    # issue 21: caught before it
+    Mutant('data_rng_not_restored', 'train.py', "data_rng.set_state(ckpt['rng']['data'])", 'pass',
+           k('test_train.py', 'resume_logs_the_same_losses')),
+    Mutant('c_P_dropped_in_backward', 'model.py', '(g * c).to(g.dtype)', 'g.to(g.dtype)',
+           k('test_model.py', 'gradient')),
+    Mutant('causal_mask_off_by_one', 'model.py', 'device=x.device).tril()', 'device=x.device).tril(1)',
+           k('test_model.py', 'future_tokens or math_path')),
+    Mutant('delta_orth_normalised_by_trace', 'connection.py', 'off / (trace / math.sqrt(d))', 'off / trace',
+           k('test_walk.py', 'naive')),
+    # the operator and the model
+    Mutant('alpha_beta_coefficients', 'model.py', '(beta, alpha - beta)', '(beta, alpha + beta)',
+           k('test_model.py', 'alpha_forms or follow_the_table')),
+    Mutant('c_P_dropped_on_the_math_path', 'model.py', 'y = c_I * v + c_P * pv ', 'y = c_I * v + pv ',
+           k('test_model.py', 'operator_is_cI')),
+    Mutant('c_P_dropped_on_the_fast_path', 'model.py', 'F.linear((c_I * v + c_P * y)', 'F.linear((c_I * v + y)',
+           k('test_model.py', 'fast_path_equals_math_path')),
+    Mutant('temperature_multiplies', 'model.py', 'logits = logits / temperature', 'logits = logits * temperature',
+           k('test_model.py', 'sampling_frequencies')),
+    Mutant('top_k_keeps_one', 'model.py', 'logits < v[:, [-1]]', 'logits < v[:, [0]]',
+           k('test_model.py', 'sampling_frequencies')),
+    # training
+    Mutant('warmup_from_zero', 'train.py', '(it + 1) / (cfg.warmup_iters + 1)', 'it / cfg.warmup_iters',
+           k('test_train.py', 'learning_rate_warms')),
+    Mutant('best_val_loss_overwritten', 'train.py',
+           "progress['best_val_loss'] = min(progress['best_val_loss'], losses['val'])",
+           "progress['best_val_loss'] = losses['val']", k('test_train.py', 'best_val_loss')),
+    Mutant('grad_clip_tenfold', 'train.py', 'model.parameters(), cfg.grad_clip)', 'model.parameters(), 10 * cfg.grad_clip)',
+           k('test_train.py', 'grad_clip')),
+    Mutant('sigterm_ignored', 'train.py', 'signal.signal(signal.SIGTERM, self.handle)', 'pass',
+           k('test_train.py', 'sigterm')),
+    Mutant('second_signal_ignored', 'train.py', 'raise KeyboardInterrupt', 'return',
+           k('test_train.py', 'second_signal')),
+    Mutant('stale_log_lines_kept', 'train.py', "if json.loads(line)['iter'] <= iter_num:", 'if True:',
+           k('test_train.py', 'drops_log_lines')),
+    Mutant('eval_only_goes_on_training', 'train.py', 'if cfg.eval_only:', 'if False:',
+           k('test_train.py', 'eval_only')),
+    Mutant('overwrite_keeps_old_checkpoints', 'train.py', 'os.remove(os.path.join(cfg.out_dir, name))', 'pass',
+           k('test_train.py', 'overwrite')),
+    Mutant('snapshots_at_every_eval', 'train.py', 'iter_num % cfg.snapshot_interval == 0',
+           'iter_num % cfg.eval_interval == 0', k('test_train.py', 'snapshots')),
+    # the walk
+    Mutant('sem_over_n_minus_1', 'connection.py', 'v.std(0) / math.sqrt(N)', 'v.std(0) / math.sqrt(N - 1)',
+           k('test_walk.py', 'standard_errors')),
+    Mutant('null_head_ratio_inverted', 'connection.py', 'null = (1 + d / d_h *', 'null = (1 + d_h / d *',
+           k('test_walk.py', 'monte_carlo')),
+    Mutant('delta_orth_trace_by_d', 'connection.py', "sums['delta_orth'] / count / math.sqrt(d)",
+           "sums['delta_orth'] / count / d", k('test_walk.py', 'naive')),
+    # the study reports
+    Mutant('dynamics_quarter_at_half', 'sweep.py', 'gamma[int(0.75 * (len(log) - 1))]', 'gamma[int(0.5 * (len(log) - 1))]',
+           k('test_sweep.py', 'report_states')),
+    Mutant('scales_occupancy_all_layers', 'sweep.py', "{d[2]} | {c['occupancy_beyond_first']:.0%}",
+           "{d[2]} | {c['occupancy']:.0%}", k('test_sweep.py', 'report_states')),
+    Mutant('geometry_base_not_averaged', 'sweep.py', 'cells = [f"{statistics.fmean(base.values()):.4g}"]',
+           'cells = [f"{max(base.values()):.4g}"]', k('test_sweep.py', 'report_states')),
+    Mutant('verdict_population_std', 'sweep.py', 'std = statistics.stdev(differences)',
+           'std = statistics.pstdev(differences)', k('test_sweep.py', 'paired_verdict')),
+]
+
+
+def copy_repo(destination):
+    """The tracked files and the untracked ones git does not ignore (new tests), and ../shared beside them."""
+    listed = subprocess.run(['git', 'ls-files', '-z', '--cached', '--others', '--exclude-standard'], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split('\0')
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+    shared = REPO.parent / 'shared'
+    if shared.is_dir():
+        (destination.parent / 'shared').symlink_to(shared)
+
+
+def run_tests(copy, tests):
+    # no .pyc: a mutant and the restored original can share a size and an mtime second
+    env = {**os.environ, 'PYTHONDONTWRITEBYTECODE': '1'}
+    result = subprocess.run([sys.executable, '-m', 'pytest', '-x', '-q', '-p', 'no:cacheprovider', *tests], cwd=copy,
+                            capture_output=True, text=True, env=env, timeout=1200)
+    return result.returncode, (result.stdout + result.stderr).strip().splitlines()[-3:]
+
+
+def check(mutant, copy):
+    """('killed' | 'SURVIVED' | 'ERROR', detail)."""
+    path = copy / mutant.file
+    if not path.is_file():
+        return 'ERROR', f"no file {mutant.file}"
+    source = path.read_text()
+    count = source.count(mutant.original)
+    if count != 1:
+        return 'ERROR', f"the snippet occurs {count} times in {mutant.file}: {mutant.original!r}"
+    path.write_text(source.replace(mutant.original, mutant.replacement))
+    try:
+        code, tail = run_tests(copy, mutant.tests)
+    finally:
+        path.write_text(source)
+    if code == 1:
+        return 'killed', tail[-1] if tail else ''
+    if code == 0:
+        return 'SURVIVED', tail[-1] if tail else ''
+    return 'ERROR', f"pytest exit status {code} (5: no test selected): {' / '.join(tail)}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument('--list', action='store_true', help="print the mutants and their tests, run nothing")
+    parser.add_argument('--only', default='', help="comma-separated mutant names")
+    parser.add_argument('--baseline', action='store_true', help="first run each selection on the unmutated copy")
+    args = parser.parse_args()
+    chosen = MUTANTS
+    if args.only:
+        names = args.only.split(',')
+        unknown = [n for n in names if n not in {m.name for m in MUTANTS}]
+        if unknown:
+            sys.exit(f"error: unknown mutant(s) {', '.join(unknown)} (see --list)")
+        chosen = [m for m in MUTANTS if m.name in names]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:34s} {m.file:10s} {' '.join(m.tests)}")
+        return
+    start = time.time()
+    with tempfile.TemporaryDirectory(prefix='mutants-') as tmp:
+        copy = Path(tmp) / 'repo'
+        copy_repo(copy)
+        broken = set()
+        if args.baseline:
+            for tests in dict.fromkeys(m.tests for m in chosen):
+                code, tail = run_tests(copy, tests)
+                if code != 0:
+                    broken.add(tests)
+                    print(f"baseline fails: {' '.join(tests)}: {' / '.join(tail)}", flush=True)
+        results = []
+        for m in chosen:
+            t0 = time.time()
+            outcome, detail = ('ERROR', 'its tests fail without the mutation') if m.tests in broken else check(m, copy)
+            results.append(outcome)
+            print(f"{outcome:8s} {m.name:34s} {time.time() - t0:5.0f} s  {detail}", flush=True)
+    killed, survived = results.count('killed'), results.count('SURVIVED')
+    print(f"mutation score: {killed}/{killed + survived} killed, {survived} survived, {results.count('ERROR')} "
+          f"error(s), {len(results)} mutants, {time.time() - start:.0f} s")
+    sys.exit(0 if killed == len(results) else 1)
+
+
+if __name__ == '__main__':
+    main()
