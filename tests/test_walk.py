@@ -511,7 +511,7 @@ def test_unsupported_or_unreadable_sources_are_one_line_errors(tmp_path):
     (tmp_path / 'neox').mkdir()
     (tmp_path / 'neox' / 'config.json').write_text('{"model_type": "gpt_neox"}')
     (tmp_path / 'text.txt').write_text(synthetic_text(50))
-    result = run_script('analyze.py', '--diagnostics', tmp_path / 'neox', '--text', tmp_path / 'text.txt', cwd=tmp_path)
+    result = run_script('walk.py', tmp_path / 'neox', '--text', tmp_path / 'text.txt', cwd=tmp_path)
     assert_one_line_error(result, "model_type 'gpt_neox' is not supported", 'llama, qwen2, qwen3, bert')
     (tmp_path / 'empty').mkdir()
     with pytest.raises(UserError, match='neither a run folder with ckpt.pt nor a GPT-2 model or other transformers'):

@@ -5,7 +5,6 @@ attention, Gemma 3's q/k norms, per-layer RoPE base and sliding window recompute
 and bad paths are one-line errors."""
 
 import importlib.util
-import math
 
 import pytest
 import torch
