@@ -45,12 +45,22 @@ def test_every_study_plans_valid_runs_on_cpu_and_gpu(tiny_data_root):
         for parts in (study.parts, study.gpu_parts):
             runs = sweep.plan_runs(parts, 'sweeps', sweep.CPU, data)
             wanted = {(p.setting, sweep.parse_variant(v)[0], seed) for p in parts for v in p.variants
-                      for seed in range(p.seeds)}  # parts may overlap (more seeds for some variants): one run each
+                      for seed in range(p.first_seed, p.first_seed + p.seeds)}  # parts may overlap (more seeds for some variants): one run each
             assert set(runs) == wanted, name
     # the studies share their runs: the small Tiny Shakespeare attention runs serve four of them
     shared = [name for name, study in sweep.STUDIES.items()
               if any(p.setting == 'shakespeare_char/small' and 'attention' in p.variants for p in study.parts)]
     assert len(shared) >= 2
+
+
+def test_the_replication_uses_seeds_no_other_study_uses(tiny_data_root):
+    data = [f'--data_root={tiny_data_root}', '--dataset=tiny']
+    replication = {seed for (_, _, seed) in sweep.plan_runs(sweep.STUDIES['replication'].parts, 'sweeps', sweep.CPU, data)}
+    assert replication == set(range(100, 108))
+    others = {seed for name, study in sweep.STUDIES.items() if name != 'replication'
+              for parts in (study.parts, study.gpu_parts)
+              for (_, _, seed) in sweep.plan_runs(parts, 'sweeps', sweep.CPU, data)}
+    assert others and not others & replication
 
 
 def test_sweep_variants_share_initial_weights_and_data_by_seed():
