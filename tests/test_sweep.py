@@ -2,6 +2,7 @@
 (shared runs, skipped when finished), every study's figures, the GPU presets on CPU, one-line errors."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -14,19 +15,65 @@ TINY_RUN = [*TINY_TRAIN_ARGS, '--max_iters=6', '--lr_decay_iters=6', '--eval_int
             '--walk_interval=3', '--walk_seqs=2']
 
 
-def test_paired_verdict_is_a_two_sided_t_test_at_five_percent():
-    assert sweep.paired_verdict([-0.02, -0.021, -0.019])[2] == 'lower'
-    assert sweep.paired_verdict([0.02, 0.021, 0.019])[2] == 'higher'
-    assert sweep.paired_verdict([-0.02, 0.01, -0.03])[2] == 'inconclusive'  # seeds disagree
-    assert sweep.paired_verdict([-0.001, -0.03, -0.0001])[2] == 'inconclusive'  # mean within the spread
-    # three seeds of one sign with t = 2.31: beyond 2 standard errors, but short of t(2) = 4.30
-    assert sweep.paired_verdict([0.01, 0.04, 0.07])[2] == 'inconclusive'
-    # eight seeds, one of the other sign: t = 5.9 against t(7) = 2.36
-    assert sweep.paired_verdict([-0.01, -0.012, 0.001, -0.011, -0.009, -0.013, -0.008, -0.01])[2] == 'lower'
-    mean, std, _ = sweep.paired_verdict([0.01, 0.04, 0.07])
-    assert (mean, std) == (pytest.approx(0.04), pytest.approx(0.03))
-    assert sweep.paired_verdict([-0.02])[2] == 'inconclusive'  # one seed says nothing about the spread
-    assert sweep.paired_verdict([])[2] == 'not measured'
+def test_t_quantiles_match_the_printed_table_and_their_p_is_five_percent():
+    for df, table in ((1, 12.706), (2, 4.303), (7, 2.365), (30, 2.042)):  # t_0.975 from any statistics table
+        assert sweep.t_quantile(0.975, df) == pytest.approx(table, abs=5e-4)
+        assert sweep.t_two_sided_p(table, df) == pytest.approx(0.05, abs=2e-4)
+
+
+def test_t_p_values_match_the_closed_forms_at_one_and_two_degrees_of_freedom():
+    for t in (0.3, 1.0, 3.0, 25.0):
+        assert sweep.t_two_sided_p(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), rel=1e-10)  # Cauchy
+        assert sweep.t_two_sided_p(t, 2) == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-10)
+    assert sweep.t_two_sided_p(0.0, 5) == pytest.approx(1.0)
+
+
+def test_power_and_detectable_effect_match_published_values_and_a_simulation():
+    # R's pwr: pwr.t.test(n = 10, d = 1, type = 'paired') gives power 0.8031; d = 0.5 at 80 % needs n = 33.37
+    assert sweep.t_test_power(math.sqrt(10), 9) == pytest.approx(0.8031, abs=2e-4)
+    assert sweep.min_detectable_effect(1.0, 33) > 0.5 > sweep.min_detectable_effect(1.0, 34)
+    # a float64 simulation: 4 pairs, true mean 1.5 SD: how often does |t| exceed t_0.975(3)?
+    generator = torch.Generator().manual_seed(0)
+    samples = torch.randn(200_000, 4, generator=generator, dtype=torch.float64) + 1.5
+    t = samples.mean(1) / (samples.std(1) / 2)
+    simulated = (t.abs() > sweep.t_quantile(0.975, 3)).double().mean().item()
+    assert sweep.t_test_power(1.5 * 2, 3) == pytest.approx(simulated, abs=0.005)
+
+
+def test_paired_test_by_hand():
+    # differences 0.01, 0.04, 0.07: mean 0.04, SD 0.03, SE 0.03/√3, t = 2.309 on 2 df
+    test = sweep.paired_test([0.01, 0.04, 0.07])
+    se = 0.03 / math.sqrt(3)
+    assert (test.n, test.mean, test.sd) == (3, pytest.approx(0.04), pytest.approx(0.03))
+    assert (test.low, test.high) == (pytest.approx(0.04 - 4.303 * se, abs=1e-4), pytest.approx(0.04 + 4.303 * se, abs=1e-4))
+    assert test.p == pytest.approx(1 - 2.309401 / math.sqrt(2.309401 ** 2 + 2), rel=1e-5)
+    assert sweep.paired_test([-0.02]).p != sweep.paired_test([-0.02]).p  # one seed: no spread, no p (NaN)
+
+
+def test_holm_by_hand_and_verdicts_follow_the_adjusted_p():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> kept monotone: 0.06
+    assert sweep.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert sweep.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    lower = sweep.summary_test(-0.0031, 0.0006, 3)  # the README's claim (a) cell: p = 0.012
+    assert lower.p == pytest.approx(0.0123, abs=2e-4)
+    assert sweep.verdict(lower, lower.p) == 'lower'
+    assert sweep.verdict(lower, 0.07).startswith('inconclusive, no effect larger than 0.0046')
+    tests = sweep.Tests()
+    cells = [tests.add('f', 'a', [-0.031, -0.030, -0.032]), tests.add('f', 'b', [0.01, -0.01, 0.02]),
+             tests.add('g', 'c', [-0.031, -0.030, -0.032]), tests.add('f', 'a', [-0.031, -0.030, -0.032])]
+    assert cells[0] == cells[3] and tests.add('f', 'd', []) == 'not measured'  # a test shown twice counts once
+    tests.finish()
+    a, b, c = tests.tests
+    assert (a['family_size'], c['family_size']) == (2, 1) and a['p_holm'] == pytest.approx(2 * c['p_holm'])
+    assert '**lower**' in tests.fill(cells[2])
+
+
+def test_line_fit_by_hand():
+    # y = 1 + 2x plus residuals +0.1, −0.2, +0.1 at x = 0, 1, 2: slope 2, SE √(0.06/1 / 2) = 0.1732, t on 1 df
+    slope, low, high, p, n = sweep.line_fit([0, 1, 2], [1.1, 2.8, 5.1])
+    assert (slope, n) == (pytest.approx(2.0), 3)
+    assert (high - slope) == pytest.approx(12.706 * math.sqrt(0.06 / 2), abs=1e-3)
+    assert p == pytest.approx(1 - 2 / math.pi * math.atan(2 / math.sqrt(0.03)), rel=1e-6)
 
 
 def test_variant_specs_carry_values_and_name_each_run_once():
@@ -84,12 +131,15 @@ def test_ad_hoc_sweep_runs_end_to_end_and_skips_finished_runs(tiny_data_root, tm
     report = (out_root / 'report.md').read_text()
     assert '| attention | 2 |' in report and '| corridor | 2 |' in report and '| fixed_gamma=-0.3 | 2 |' in report
     assert '- a: learnable δ(γI+P) lowers val loss vs attention' in report
-    data = json.loads((out_root / 'report.json').read_text())['sweep']
+    saved = json.loads((out_root / 'report.json').read_text())
+    data = saved['settings']['sweep']
     assert len(data['corridor']['val_loss']) == 2 and data['fixed_gamma=-0.3']['gamma_mean'] == pytest.approx(-0.3)
     finals = {run: json.loads((out_root / run / 'log.jsonl').read_text().splitlines()[-1])['val_loss']
               for run in ('attention-s0', 'attention-s1', 'corridor-s0', 'corridor-s1')}
     differences = [finals['corridor-s0'] - finals['attention-s0'], finals['corridor-s1'] - finals['attention-s1']]
-    assert data['corridor']['vs_attention'][:3] == list(sweep.paired_verdict(differences))  # paired by seed
+    assert data['corridor']['vs_attention_differences'] == pytest.approx(differences)  # paired by seed
+    test = next(t for t in saved['tests'] if t['label'] == 'sweep: corridor − attention')
+    assert test['family_size'] == 1 and test['p_holm'] == pytest.approx(test['p'])
     for name in ('val_loss.png', 'occupancy.png', 'gamma_corridor.png', 'gamma_delta.png'):
         assert (out_root / name).stat().st_size > 1000
     for run in ('attention-s0', 'attention-s1', 'corridor-s0', 'corridor-s1'):
@@ -125,15 +175,18 @@ def test_studies_share_runs_and_write_every_figure(tiny_data_root, tmp_path, mon
     assert '| tiny/a |' in fixed and (tmp_path / 'fixed_gamma_figures' / 'fixed_gamma.png').stat().st_size > 1000
     scales = (tmp_path / 'scales_figures' / 'report.md').read_text()
     assert scales.count('| tiny/') == 2 and (tmp_path / 'scales_figures' / 'scales.png').stat().st_size > 1000
+    assert '- tiny: corridor − attention changes by ' in scales and 'over 4 seed pairs at 2 sizes' in scales
     dynamics = (tmp_path / 'gamma_dynamics_figures' / 'report.md').read_text()
     assert dynamics.count('| tiny/a | corridor | ') == 2 and dynamics.count('| tiny/a | corridor_lr | ') == 2  # per seed
+    assert '- tiny/a, fixed_gamma=-0.3: heads beyond layer 0 with −1 < γ < -0.05: 100% over 2 seed(s)' in dynamics
     assert (tmp_path / 'gamma_dynamics_figures' / 'gamma_dynamics_tiny_a.png').stat().st_size > 1000
     geometry = (tmp_path / 'geometry_figures' / 'report.md').read_text()
     assert '| δ_orth | initial |' in geometry and '| corridor: P | corridor: operator |' in geometry
-    assert 'Does the difference track γ? drift to the next layer: r = ' in geometry
+    assert '- drift to the next layer: slope per unit γ̄ ' in geometry and '(final evaluation, one point per run, n = 6)' in geometry
+    assert '- geometry, corridor: P, every diagnostic × regime × setting: 16 test(s)' in geometry  # 4 × 2 regimes × 2
     for name in ('geometry_tiny_a.png', 'geometry_vs_gamma_tiny_b.png'):
         assert (tmp_path / 'geometry_figures' / name).stat().st_size > 1000
-    data = json.loads((tmp_path / 'scales_figures' / 'report.json').read_text())
+    data = json.loads((tmp_path / 'scales_figures' / 'report.json').read_text())['settings']
     assert data['tiny/a']['corridor']['params'] > data['tiny/b']['corridor']['params']
 
     # a study partway (an attention run not finished): the reports pair what finished, columns in place
@@ -178,7 +231,63 @@ def test_plan_prints_the_gpu_budget_without_data_or_training(tmp_path):
     rows = [line for line in result.stdout.splitlines() if line.startswith('| openwebtext/')]
     assert [row.split(' | ')[0] for row in rows] == ['| openwebtext/gpt2_30m', '| openwebtext/gpt2_124m',
                                                      '| openwebtext/gpt2_350m']
-    assert '| openwebtext/gpt2_124m | 123.6M | 1.23B |' in result.stdout  # 2,500 × 491,520 tokens
-    hours = [float(row.split(' | ')[3]) for row in rows]
+    assert '| openwebtext/gpt2_124m | 84.95M | 123.59M (50,257) | 1.23B (' in result.stdout  # 2,500 × 491,520 tokens
+    hours = [float(row.split(' | ')[4]) for row in rows]
     assert hours == sorted(hours) and 'total to train:' in result.stdout
     assert not any(tmp_path.iterdir())
+
+
+def plan_rows(stdout):
+    """{setting: cells} of a printed plan."""
+    return {row.split(' | ')[0][2:]: row.split(' | ')[1:] for row in stdout.splitlines()
+            if row.startswith('| ') and not row.startswith('| setting')}
+
+
+def test_plan_counts_parameters_as_the_readme_and_states_which(tmp_path):
+    """The scales study's sizes: 0.11M / 0.80M / 2.68M as train.py counts them with Tiny Shakespeare's 65
+    characters (the README's table), and the non-embedding count, 12·L·d² up to biases and layer norms."""
+    (tmp_path / 'shakespeare_char').mkdir()
+    (tmp_path / 'shakespeare_char' / 'meta.json').write_text(json.dumps(dict(vocab_size=65)))
+    result = run_script('sweep.py', '--study=scales', '--plan=True', f'--out_root={tmp_path / "sweeps"}', '--',
+                        f'--data_root={tmp_path}', cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert 'non-embedding: without the token and position embeddings' in result.stdout
+    rows = plan_rows(result.stdout)
+    for size, (layers, width), counted in (('tiny', (2, 64), '0.11M (65)'), ('small', (4, 128), '0.80M (65)'),
+                                           ('medium-x2', (6, 192), '2.68M (65)')):
+        non_embedding, as_counted = rows[f'shakespeare_char/{size}'][:2]
+        assert as_counted == counted
+        assert float(non_embedding.rstrip('M')) == pytest.approx(12 * layers * width ** 2 / 1e6, rel=0.02)
+    assert rows['wikitext2_char/small'][1] == 'its data not prepared yet'
+
+
+def test_gpu_with_variants_plans_gpt2_runs_or_refuses_a_base(tmp_path):
+    result = run_script('sweep.py', '--gpu=True', '--variants=attention,corridor,gamma_nonneg', '--plan=True',
+                        f'--out_root={tmp_path}', cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    row = plan_rows(result.stdout)['openwebtext/gpt2_124m']
+    assert row[1] == '123.59M (50,257)' and row[2].startswith('1.23B') and row[4:6] == ['9', '9 |']
+    assert_one_line_error(run_script('sweep.py', '--gpu=True', '--variants=attention', '--base=configs/_sweep_cpu.py ',
+                                     '--plan=True', f'--out_root={tmp_path}', cwd=REPO), 'drop --base')
+    assert_one_line_error(run_script('sweep.py', '--study=replication', '--gpu=True', '--plan=True',
+                                     f'--out_root={tmp_path}', cwd=REPO), 'has no GPU runs')
+
+
+def test_the_ladder_spans_twenty_fold_at_equal_tokens_per_parameter(tmp_path):
+    result = run_script('sweep.py', '--study=ladder', '--plan=True', f'--out_root={tmp_path}', cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = plan_rows(result.stdout)
+    assert len(rows) >= 4
+    sizes = [float(cells[0].rstrip('M')) for cells in rows.values()]
+    assert max(sizes) / min(sizes) >= 20
+    ratios = [float(cells[2].split('(')[1].split()[0]) for cells in rows.values()]
+    assert max(ratios) / min(ratios) < 1.1  # equal up to whole multiples of 60 iterations
+    seeds = {p.setting: p.seeds for p in sweep.STUDIES['ladder'].parts}
+    assert sorted(seeds.values())[1] >= 6 and min(seeds.values()) >= 3
+
+
+def test_claim_b_has_three_seeds_for_the_corridor_and_the_spread_start(tiny_data_root):
+    runs = sweep.plan_runs(sweep.STUDIES['gamma_dynamics'].parts, 'sweeps', sweep.CPU,
+                           [f'--data_root={tiny_data_root}', '--dataset=tiny'])
+    for variant in ('attention', 'corridor', 'corridor_spread'):
+        assert sum(key[:2] == ('shakespeare_char/small-long', variant) for key in runs) >= 3
