@@ -32,7 +32,7 @@ import torch
 
 from common import PEAK_FLOPS, peak_flops
 from model import GPT, CausalSelfAttention, GPTConfig
-from walk import connection_diagnostics, head_weights
+from connection import connection_diagnostics, head_weights
 
 PRESETS = {
     # model, batch and context for the training step; rounds × steps timed per variant; train_runs: train.py itself

@@ -1,17 +1,19 @@
 """
 What the scripts share: one-line errors, the `--key=value` configurator, tokenizers, atomic checkpoint files,
-and the accelerator peak-FLOPs table for MFU.
+reading run folders (and where their heads sit: occupancy_report), and the accelerator peak-FLOPs table for MFU.
 """
 
 import ast
 import difflib
+import glob
 import json
 import os
 import sys
+from typing import Callable, NamedTuple
 
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, gamma_delta, in_corridor
 
 
 class UserError(Exception):
@@ -111,6 +113,17 @@ def gpt2_encoding():
                         f"once, so without network set TIKTOKEN_CACHE_DIR to a folder that holds them") from None
 
 
+class TextCodec(NamedTuple):
+    """How a model reads text: its content tokens, and the special tokens its tokenizer puts around a sequence
+    (walk.py samples sequences with it; walk_hf.py builds one for each Hugging Face tokenizer)."""
+    encode: Callable          # text -> token ids, no special tokens
+    prefix: tuple = ()        # e.g. BERT's [CLS], Llama's <|begin_of_text|>
+    suffix: tuple = ()        # e.g. BERT's [SEP]
+
+    def wrap(self, ids):
+        return list(self.prefix) + list(ids) + list(self.suffix)
+
+
 def tokenizer_from_meta(meta):
     """(encode, decode) for a dataset's meta.json dict: 'char' (its itos list) or 'gpt2'."""
     if meta['tokenizer'] == 'char':
@@ -165,6 +178,53 @@ def model_from_checkpoint(ckpt, **overrides):
     state = {k.removeprefix('_orig_mod.'): v for k, v in ckpt['model'].items()}  # saved from a compiled model
     model.load_state_dict(state)
     return model
+
+
+# ---------------------------------------------------------------------------------------------- run folders
+
+def read_log(out_dir):
+    path = os.path.join(out_dir, 'log.jsonl')
+    if not os.path.isfile(path):
+        return []
+    entries = []
+    with open(path) as f:
+        for line in f:
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a line torn by a crash
+    return entries
+
+
+def load_run(out_dir):
+    """A run folder: its name, config, log entries, final (γ, δ), the snapshot series (iter, γ, δ) and the
+    model's parameter count (non-embedding)."""
+    if not os.path.isdir(out_dir):
+        raise UserError(f"no run folder {out_dir!r}")
+    ckpt = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'))
+    snapshots = []
+    for path in sorted(glob.glob(os.path.join(out_dir, 'ckpt_*.pt'))):  # zero-padded: sorted is iteration order
+        snap = load_checkpoint(path)
+        snapshots.append((snap['iter_num'], *gamma_delta(model_from_checkpoint(snap).operator_coefficients())))
+    model = model_from_checkpoint(ckpt)
+    gamma, delta = gamma_delta(model.operator_coefficients())
+    return dict(name=os.path.basename(os.path.normpath(out_dir)), out_dir=out_dir, config=ckpt['config'],
+                iter=ckpt['iter_num'], log=read_log(out_dir), gamma=gamma, delta=delta, snapshots=snapshots,
+                params=model.get_num_params())
+
+
+
+def occupancy_report(gamma, delta):
+    """corridor.json's content for [n_layer, n_head] tensors of γ and δ."""
+    layers = []
+    for layer, (g, d) in enumerate(zip(gamma, delta)):
+        layers.append(dict(layer=layer, gamma=g.tolist(), delta=d.tolist(),
+                           occupancy=in_corridor(g).float().mean().item(),
+                           below=int((g <= -1).sum()), above=int((g >= 0).sum()),
+                           # torch's median: the lower middle value for an even number of heads
+                           gamma_mean=g.mean().item(), gamma_median=g.median().item(), delta_mean=d.mean().item()))
+    return dict(layers=layers, occupancy=in_corridor(gamma).float().mean().item(),
+                occupancy_beyond_first=in_corridor(gamma[1:]).float().mean().item() if len(gamma) > 1 else None)
 
 
 GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')

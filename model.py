@@ -6,9 +6,11 @@ GPT-2 (as nanoGPT builds it) where every attention head applies an operator from
 Plain attention is (c_I, c_P) = (0, 1). The convex corridor δ(γI + P) is (δγ, δ); for γ ∈ (−1, 0) it is a
 scaled convex mix of attention P and the negative Laplacian P − I. `OPERATORS` below is the whole family.
 
-Two attention paths give the same numbers: the fast path calls F.scaled_dot_product_attention (flash /
-memory-efficient kernels, never a T×T matrix) and adds the c_I·V term in one epilogue (CorridorProjection);
-the math path builds P explicitly and can hand it back (`GPT.forward_with_probs`) for analysis.
+Two attention paths give the same numbers. The math path builds P explicitly, hands it back for analysis
+(`GPT.forward_with_probs`) and applies the operator in one plain line of CausalSelfAttention.forward,
+`y = c_I * v + c_P * pv`: the place to read the idea, and to change it. The fast path (training, sampling) calls
+F.scaled_dot_product_attention (flash / memory-efficient kernels, never a T×T matrix) and adds the c_I·V term in
+one fused epilogue (CorridorProjection); the tests hold it to the math path's values and gradients.
 
 Read top to bottom: the config, the operator table, the attention that applies it, then GPT-2 as in nanoGPT.
 The machinery a first reading can skip (how the table's scalars become parameters, the γ ≥ 0 constraint, the
@@ -115,40 +117,48 @@ class CausalSelfAttention(nn.Module):
         self.coefficients = OperatorCoefficients(config)  # this layer's (c_I, c_P) per head, from OPERATORS
 
     def forward(self, x, cache=None, return_probs=False):
-        """x [B, T, C] -> (y [B, T, C], P [B, n_head, T, T] from the math path if return_probs, else None).
+        """x [B, T, C] -> (y [B, T, C], P [B, n_head, T, T] if return_probs, else None).
 
-        cache: a KVCache layer slot for generation (keys/values of earlier positions)."""
+        return_probs: the math path, P built explicitly and handed back (analysis); otherwise the fast path, the
+        same numbers through fused kernels. cache: a KVCache layer slot for generation (earlier keys/values)."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        v_self = v  # the identity term reads the values of the query positions only
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # [B, nh, T, hs]
+        # P·V reads every position so far; the identity term c_I·V only the query positions' own values, v
+        k_all, v_all = cache.extend(k, v) if cache is not None else (k, v)
         # after a cached prefix, one new token attends to every position so far: no causal mask
-        causal = cache is None or cache.k is None
+        causal = cache is None or k_all.size(2) == T
         assert causal or T == 1, "after the first forward, a cached forward takes one token at a time"
-        if cache is not None:
-            k, v = cache.extend(k, v)
-        # (c_I, c_P) of every head, float32 even under autocast; plain attention, (0, 1), pays nothing for the family
-        c_I, c_P = (None, None) if self.coefficients.is_plain_attention else self.coefficients()
-        probs = None
-        if return_probs:  # math path: P explicitly
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
-            if causal:
-                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-                att = att.masked_fill(~mask, float('-inf'))
-            probs = F.softmax(att, dim=-1)
-            pv = torch.matmul(*scaled_gradient(c_P, self.attn_dropout(probs), v))
-        else:  # fast path: flash / memory-efficient kernels
-            pv = F.scaled_dot_product_attention(*scaled_gradient(c_P, q, k, v),
-                                                dropout_p=self.dropout if self.training else 0.0, is_causal=causal)
-        # heads are merged in the [B, T, n_head, head_size] layout that c_proj reads; SDPA writes its output that
-        # way already, so for plain attention the merge is a free view
-        if c_P is None:
-            y = self.c_proj(pv.transpose(1, 2).reshape(B, T, C))
-        else:
-            # out_h = c_I·V_h + c_P·(P_h V_h), heads merged, then c_proj: one fused step, see CorridorProjection
-            y = CorridorProjection.apply(v_self.transpose(1, 2), pv.transpose(1, 2), c_I.view(-1, 1),
-                                         c_P.view(-1, 1), self.c_proj.weight, self.c_proj.bias)
-        return self.resid_dropout(y), probs
+        if not return_probs:
+            return self.resid_dropout(self.fused_operator(q, k_all, v, v_all, causal)), None
+
+        # the math path: P explicitly, then the operator exactly as the paper writes it
+        att = (q @ k_all.transpose(-2, -1)) / math.sqrt(k.size(-1))
+        if causal:
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~mask, float('-inf'))
+        probs = F.softmax(att, dim=-1)
+        pv = self.attn_dropout(probs) @ v_all
+        c_I, c_P = (c.view(-1, 1, 1) for c in self.coefficients())  # this layer's operator: one (c_I, c_P) per head
+        y = c_I * v + c_P * pv                                       # out_h = c_I·V_h + c_P·(P_h V_h)
+        y = y.transpose(1, 2).reshape(B, T, C)  # heads side by side
+        return self.resid_dropout(self.c_proj(y)), probs
+
+    def fused_operator(self, q, k, v, v_all, causal):
+        """c_proj(c_I·V + c_P·(P·V)) without a T×T matrix: SDPA's flash / memory-efficient kernels, then the
+        operator and c_proj in one fused step (CorridorProjection). The same numbers and gradients as the math
+        path's lines above, which the tests check for every form; to try a new operator, edit those lines first."""
+        B, _, T, hs = q.shape
+        if self.coefficients.is_plain_attention:  # (0, 1): attention pays nothing for the family
+            pv = F.scaled_dot_product_attention(q, k, v_all, dropout_p=self.dropout if self.training else 0.0,
+                                                is_causal=causal)
+            # SDPA writes its output in the [B, T, n_head, hs] layout c_proj reads: the merge is a free view
+            return self.c_proj(pv.transpose(1, 2).reshape(B, T, self.n_embd))
+        c_I, c_P = self.coefficients()  # float32 even under autocast (see CorridorProjection)
+        pv = F.scaled_dot_product_attention(*scaled_gradient(c_P, q, k, v_all),
+                                            dropout_p=self.dropout if self.training else 0.0, is_causal=causal)
+        return CorridorProjection.apply(v.transpose(1, 2), pv.transpose(1, 2), c_I.view(-1, 1), c_P.view(-1, 1),
+                                        self.c_proj.weight, self.c_proj.bias)
 
 
 class LayerNorm(nn.Module):
@@ -465,10 +475,10 @@ class CorridorProjection(torch.autograd.Function):
         v, y, c_I, c_P, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
         grad_merged = (grad @ weight.to(grad.dtype)).view_as(v)
-        # dL/dc in float32, summed over head_size first: that sum has the shape of the elementwise pass, so
-        # Inductor computes it in that pass instead of reading the tensors again (a single sum over (0, 1, 3)
-        # becomes a split reduction of its own)
-        g = grad_merged.float()
+        # dL/dc in the coefficients' precision (float32, or float64 in a float64 model), never autocast's, summed
+        # over head_size first: that sum has the shape of the elementwise pass, so Inductor computes it in that
+        # pass instead of reading the tensors again (a single sum over (0, 1, 3) becomes a split reduction of its own)
+        g = grad_merged.to(torch.promote_types(grad_merged.dtype, c_I.dtype))
         # The sum recomputed, in the dtype autocast gave the output. Written in the other order than in forward on
         # purpose: under torch.compile, common-subexpression elimination would otherwise merge the two, and
         # Inductor's partitioner would go back to saving the sum (it won't recompute a value the backward
@@ -484,10 +494,9 @@ class CorridorProjection(torch.autograd.Function):
 
 
 def scaled_gradient(c_P, *tensors):
-    """The inputs of P·V, each [B, n_head, ...], unchanged, but with their gradients multiplied by c_P [n_head]:
-    the factor CorridorProjection leaves out of dL/dY. The math path passes (P, V), not (Q, K, V), so that the P
-    it hands back keeps its exact gradient. Plain attention (c_P None) gets the tensors as they are."""
-    return tensors if c_P is None else ScaleGradient.apply(c_P, *tensors)
+    """The inputs of SDPA (Q, K, V), each [B, n_head, ...], unchanged, but with their gradients multiplied by
+    c_P [n_head]: the factor CorridorProjection leaves out of dL/dY (the fast path only)."""
+    return ScaleGradient.apply(c_P, *tensors)
 
 
 class ScaleGradient(torch.autograd.Function):

@@ -41,8 +41,12 @@ from typing import NamedTuple
 import torch
 from tqdm import tqdm
 
-from common import PEAK_FLOPS, UserError, load_checkpoint, main_guard, model_config, parse_config
-from model import in_corridor
+from common import (PEAK_FLOPS, UserError, load_checkpoint, load_run, main_guard, model_config, occupancy_report,
+                    parse_config)
+from connection import depth_regimes
+from model import GPT, in_corridor
+from plots import WALK_PANELS, plot_evolution, plot_gamma_delta, plot_occupancy, plot_walk_evolution, plt, save, walk_series
+from train import DEFAULTS as TRAIN_DEFAULTS  # train.py's config keys and defaults: every run a study plans is checked against them
 
 # ------------------------------------------------------------------------------------------------ variants
 
@@ -102,7 +106,6 @@ GPU_SHORT = dict(max_iters=2500, lr_decay_iters=2500, warmup_iters=250, eval_int
 def non_embedding_params(config):
     """Parameters without the token and position embeddings (the token embedding is the tied output layer too):
     the count that does not depend on the vocabulary, the one a scaling law uses."""
-    from model import GPT
     with torch.device('meta'):  # the count without allocating the weights
         model = GPT(model_config({**config, 'vocab_size': 1}))
     return model.get_num_params(non_embedding=False) - model.transformer.wte.weight.numel() - \
@@ -122,8 +125,7 @@ LADDER_SIZES = {'ladder-xs': (2, 2, 64), 'ladder-s': (3, 3, 96), 'ladder-m': (4,
 def ladder_setting(n_layer, n_head, n_embd):
     """A rung's keys: the size, and max_iters for LADDER_TOKENS_PER_PARAMETER tokens per non-embedding parameter."""
     size = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd)
-    from train import DEFAULTS
-    config = parse_config(DEFAULTS, [os.path.join(os.path.dirname(os.path.abspath(__file__)), CPU),
+    config = parse_config(TRAIN_DEFAULTS, [os.path.join(os.path.dirname(os.path.abspath(__file__)), CPU),
                                      *(f'--{k}={v}' for k, v in size.items())])
     tokens_per_iter = config['batch_size'] * config['block_size'] * config['gradient_accumulation_steps']
     # a multiple of 60, so that the six evaluations fall on it and the last one is the final model
@@ -241,7 +243,6 @@ def run_state(out_dir):
 
 def plan_runs(parts, out_root, base, train_args, need_data=True):
     """{(setting, variant, seed): (out_dir, train.py arguments for a fresh run)}, every run's config checked."""
-    from train import DEFAULTS
     for part in parts:  # every variant name is checked before any setting looks for its data
         for spec in part.variants:
             parse_variant(spec)
@@ -259,7 +260,7 @@ def plan_runs(parts, out_root, base, train_args, need_data=True):
                 out_dir = os.path.join(folder, f"{variant}-s{seed}")
                 args = [config_file, *(f'--{k}={v!r}' for k, v in {**keys, **variant_keys}.items()),
                         f'--seed={seed}', f'--out_dir={out_dir}', '--overwrite=True', *train_args]
-                config = parse_config(DEFAULTS, args)  # a bad key or value fails here, before any run starts
+                config = parse_config(TRAIN_DEFAULTS, args)  # a bad key or value fails here, before any run starts
                 if not config['always_save_checkpoint']:  # else a run whose last eval is not its best never ends
                     raise UserError("a study reads every run's final state from its ckpt.pt: leave "
                                     "always_save_checkpoint=True")
@@ -290,11 +291,9 @@ def dataset_vocab(config):
 def print_plan(runs):
     """Parameters, tokens, FLOPs and estimated H100 hours of the runs still to train, per setting: a GPU budget before
     the GPU is rented. FLOPs per token as train.py's MFU counts them (6N + attention)."""
-    from train import DEFAULTS
-    from model import GPT
     rows, total = {}, 0.0
     for (setting, _, _), (out_dir, args) in runs.items():
-        config = parse_config(DEFAULTS, args)
+        config = parse_config(TRAIN_DEFAULTS, args)
         vocab = dataset_vocab(config)
         with torch.device('meta'):  # the parameter count without allocating the weights
             model = GPT(model_config({**config, 'vocab_size': vocab or 50257}))
@@ -544,7 +543,6 @@ def paired_differences(loaded, a, b):
 def summarize(loaded, variants):
     """Per variant of one setting: final val losses by seed, their mean/SD, the paired differences to attention,
     corridor occupancy (all heads, by layer, layers after the first) and mean γ, δ."""
-    from analyze import occupancy_report
     summary = {}
     for variant in variants:
         seeds = sorted(s for v, s in loaded if v == variant)
@@ -610,7 +608,6 @@ def line_fit(xs, ys):
 def plot_sweep_losses(loaded, variants, path, title):
     """Validation loss of every variant (mean over seeds) and, beside it, its difference to attention paired by
     seed (mean and its 95 % CI): the differences are far smaller than the curves' own fall."""
-    from analyze import plt, save
     seeds = sorted({s for v, s in loaded if v == 'attention'})
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for i, v in enumerate(variants):
@@ -641,7 +638,6 @@ def plot_sweep_losses(loaded, variants, path, title):
 
 def setting_figures(setting, loaded, summary, out):
     """Every setting's own figures: losses, occupancy by layer, γ of every head of the corridor (seed 0)."""
-    from analyze import plot_evolution, plot_gamma_delta, plot_occupancy
     folder = out if setting == 'sweep' else os.path.join(out, setting.replace('/', '_'))
     os.makedirs(folder, exist_ok=True)
     variants = list(summary)
@@ -682,7 +678,6 @@ def claims_figures(results, out, tests, study):
 
 def fixed_gamma_figures(results, out, tests, study):
     """Δ val loss against the fixed γ, one panel per setting, the learnable corridor's mean γ marked."""
-    from analyze import plt, save
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 3.8), squeeze=False)
     lines = ["### Fixed γ (δ = 1) against attention, paired by seed", '',
              "| setting | " + ' | '.join(f'γ = {g}' for g in FIXED_GAMMAS) + ' | learnable corridor |',
@@ -721,7 +716,6 @@ def fixed_gamma_figures(results, out, tests, study):
 def scales_figures(results, out, tests, study):
     """Δ val loss (corridor − attention) against non-embedding parameters per corpus, with a line fitted to every
     seed's difference against log10(parameters); occupancy by layer against size."""
-    from analyze import plt, save
     corpora = list(dict.fromkeys(s.split('/')[0] for s in results))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     lines = ["### The learnable corridor against attention by model size", '',
@@ -774,7 +768,6 @@ DEEP = -0.05  # claim (b)'s "inside the corridor", read strictly: a head at γ =
 def gamma_dynamics_figures(results, out, tests, study):
     """Where γ settles: every head's γ against tokens (per variant), occupancy over time, and per seed and layer the
     fraction of heads with −1 < γ < −0.05 at the end, and how far the heads still move in the last quarter."""
-    from analyze import plt, save
     lines = ["### Where γ settles", '',
              f"Per seed: the fraction of heads with −1 < γ < {DEEP} at the end of training, by layer; the mean γ of "
              "layer 0 and of the later layers; settling: the largest range of γ over the last quarter's evaluations, "
@@ -834,8 +827,6 @@ def gamma_dynamics_figures(results, out, tests, study):
 def geometry_figures(results, out, tests, study):
     """The connection walk of every variant against attention's, paired by seed: per depth regime at the end of
     training (the attention part, and the full operator c_I·I + c_P·P), during training, and against γ."""
-    from analyze import WALK_PANELS, plot_walk_evolution, plt, save, walk_series
-    from walk import depth_regimes
     lines = ["### The connection walk against attention's", '',
              "Final evaluation, per depth regime (initial 20 % of layers, middle, final 20 %): attention's value "
              "(mean over seeds) and each variant's difference to it, paired by seed, for the attention part P of "
@@ -931,7 +922,6 @@ STATISTICS = ("Final validation loss (nats per token). Every difference is paire
 
 def report(name, study, runs, out):
     """Load every finished run, write OUT/report.md, report.json and the figures; print the report."""
-    from analyze import load_run
     os.makedirs(out, exist_ok=True)
     results, skipped = {}, []
     for setting in dict.fromkeys(key[0] for key in runs):

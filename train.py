@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from common import (UserError, load_checkpoint, load_model, main_guard, model_config, model_from_checkpoint,
                     parse_config, peak_flops, resolve_dtype, save_checkpoint)
+from connection import PER_LAYER, connection_diagnostics
 from model import GPT, gamma_delta, in_corridor
 
 # ------------------------------------------------------------------------------------------------------------
@@ -269,10 +270,9 @@ def corridor_summary(coefficients):
 
 
 def walk_geometry(model, idx):
-    """Per-layer connection-walk diagnostics (walk.py) for log.jsonl: of the attention part, and for the operator
+    """Per-layer connection-walk diagnostics (connection.py) for log.jsonl: of the attention part, and for the operator
     family also of the full operator c_I·I + c_P·P. Never on the training path: the math path, in eval mode, on
     fixed sequences, with no random numbers drawn, so a run's losses are the same with or without it."""
-    from walk import PER_LAYER, connection_diagnostics
     parts = ['attention'] if model.config.operator == 'attention' else ['attention', 'operator']
     geometry = {}
     for part in parts:

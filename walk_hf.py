@@ -19,8 +19,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from common import GPT2_NAMES, UserError
-from walk import TextCodec, WalkLayer
+from common import GPT2_NAMES, TextCodec, UserError
+from connection import WalkLayer
 
 
 class Family(NamedTuple):
@@ -63,7 +63,7 @@ FAMILIES = {
 
 
 class HFWalk:
-    """A transformers base model (AutoModel, eager attention) as a walk source; see walk.GPTWalk for the interface.
+    """A transformers base model (AutoModel, eager attention) as a walk source; see connection.GPTWalk for the interface.
     specials: (tokens before, tokens after) the content of every sequence, e.g. (1, 1) for BERT's [CLS] … [SEP]."""
 
     def __init__(self, model, specials=(1, 1)):
@@ -148,7 +148,7 @@ def special_tokens(tokenizer):
 
 
 def load(source, device):
-    """(HFWalk, walk.TextCodec, longest sequence) for a transformers folder or hub name of a FAMILIES model."""
+    """(HFWalk, common.TextCodec, longest sequence) for a transformers folder or hub name of a FAMILIES model."""
     import transformers
     transformers.logging.set_verbosity_error()  # no unused-weight lists (lm_head), no sequence-length warnings
     with model_folder(source) as folder:

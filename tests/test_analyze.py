@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import analyze
-from common import save_checkpoint
+from common import read_log, save_checkpoint
 from conftest import assert_one_line_error, run_script
 from model import GPT, GPTConfig
+from plots import walk_series
 
 # layer 0 holds both boundaries: γ = −1 counts as "below", γ = 0 as "above", neither in the corridor
 GAMMA = [[-1.0, 0.0, -0.5, 0.3], [-0.2, -0.9, -1.5, -0.99], [-0.1, -0.3, -0.6, -0.7]]
@@ -83,17 +84,17 @@ def test_bad_input_is_one_line(tmp_path):
     assert_one_line_error(run_script('analyze.py', 'nowhere', cwd=tmp_path), "no run folder 'nowhere'")
     (tmp_path / 'empty').mkdir()
     assert_one_line_error(run_script('analyze.py', 'empty', cwd=tmp_path), 'no checkpoint at')
-    assert_one_line_error(run_script('analyze.py', '--diagnostics', 'empty', cwd=tmp_path),  # walk.py's, by its old name
-                          "neither a run folder with ckpt.pt nor a GPT-2 model")
+    assert_one_line_error(run_script('analyze.py', '--diagnostics', 'empty', cwd=tmp_path),  # walk.py's old name
+                          "python walk.py empty")
 
 
 def test_a_run_with_walk_geometry_gets_its_plot_and_the_series_read_back_exactly(trained_run, tmp_path):
     analyze.main([str(trained_run), '--out', str(tmp_path / 'out')])
     assert (tmp_path / 'out' / trained_run.name / 'walk.png').stat().st_size > 1000
-    log = analyze.read_log(trained_run)
-    tokens, ratio = analyze.walk_series(log, 'operator', 'gram_ratio')
+    log = read_log(trained_run)
+    tokens, ratio = walk_series(log, 'operator', 'gram_ratio')
     assert tokens.tolist() == [e['tokens'] for e in log]  # walk_interval = eval_interval: every evaluation
     last = log[-1]['walk']['operator']
     assert ratio[-1].tolist() == pytest.approx([a / b for a, b in zip(last['gram_diag_mean'], last['gram_offdiag_mean'])])
-    assert analyze.walk_series(log, 'operator', 'drift')[1].shape == (len(log), 1)  # 2 layers: one drift
-    assert analyze.walk_series([{k: v for k, v in e.items() if k != 'walk'} for e in log], 'attention', 'drift') is None
+    assert walk_series(log, 'operator', 'drift')[1].shape == (len(log), 1)  # 2 layers: one drift
+    assert walk_series([{k: v for k, v in e.items() if k != 'walk'} for e in log], 'attention', 'drift') is None

@@ -11,9 +11,10 @@ import torch
 
 from conftest import assert_one_line_error, needs_tokenizer, run_script, synthetic_text
 from model import GPT, GPTConfig
-from common import UserError
-from walk import (TextCodec, WalkLayer, connection_diagnostics, depth_regimes, head_weights, layer_moments,
-                  sample_sequences, sampled_gram_entries, source_kind)
+from common import TextCodec, UserError
+from connection import (WalkLayer, connection_diagnostics, depth_regimes, head_weights, layer_moments,
+                        sampled_gram_entries)
+from walk import sample_sequences, source_kind
 
 
 def tiny_model(n_layer=2, n_head=2, n_embd=8, operator='attention', seed=0, **overrides):
@@ -419,7 +420,7 @@ def test_diagnostics_cli_on_an_imported_gpt2(tmp_path):
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=64, n_embd=24, n_layer=2, n_head=3))
     hf.save_pretrained(tmp_path / 'tiny-gpt2')
     (tmp_path / 'text.txt').write_text(synthetic_text(100))
-    result = run_script('analyze.py', '--diagnostics', tmp_path / 'tiny-gpt2', '--text', tmp_path / 'text.txt',
+    result = run_script('walk.py', tmp_path / 'tiny-gpt2', '--text', tmp_path / 'text.txt',
                         '--n_seqs', '4', '--seq_len', '32', '--sampling', 'chunks', '--no-null_model',
                         '--out', tmp_path / 'diag', cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,0 +1,148 @@
+"""
+The figures more than one tool draws, and the matplotlib setup they share: every tool that plots imports `plt` and
+`save` from here (files only, no display), so none imports another tool for its plots.
+
+    plot_occupancy, plot_gamma_delta, plot_evolution, plot_losses    where γ and δ went (analyze.py, sweep.py)
+    walk_series, plot_walk_evolution                                 the connection walk over training (both)
+"""
+
+import matplotlib
+
+matplotlib.use('Agg')  # files only: no display on a server, and no GUI backend to import
+import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
+import torch  # noqa: E402
+
+
+def save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_occupancy(reports, path):
+    """reports: {label: occupancy report}: grouped bars, one group per layer."""
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(next(iter(reports.values()))['layers'])) + 1.6, 3.6))
+    width = 0.8 / len(reports)
+    for k, (label, report) in enumerate(reports.items()):
+        layers = [r['layer'] for r in report['layers']]
+        ax.bar([x + (k - (len(reports) - 1) / 2) * width for x in layers], [r['occupancy'] for r in report['layers']],
+               width, label=label)
+    ax.set_ylim(0, 1.05)
+    ax.set_xticks(layers)
+    ax.set_xlabel('layer')
+    ax.set_ylabel('fraction of heads with −1 < γ < 0')
+    ax.set_title('Corridor occupancy by layer')
+    ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
+    return save(fig, path)
+
+
+def plot_gamma_delta(runs, path):
+    """runs: {label: (γ, δ)}: every head in the (γ, δ) plane, the corridor shaded, coloured by layer."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.8), squeeze=False)
+    for ax, (label, (gamma, delta)) in zip(axes[0], runs.items()):
+        ax.axvspan(-1, 0, color='tab:green', alpha=0.12, label='corridor −1 < γ < 0')
+        colors = plt.cm.viridis([i / max(1, len(gamma) - 1) for i in range(len(gamma))])
+        for layer, (g, d) in enumerate(zip(gamma, delta)):
+            ax.scatter(g.tolist(), d.tolist(), color=colors[layer], s=22, label=f'layer {layer}')
+        lo, hi = min(-1.1, gamma.min().item() - 0.1), max(0.3, gamma.max().item() + 0.1)
+        ax.set_xlim(lo, hi)
+        ax.set_xlabel('γ = c_I / c_P')
+        ax.set_ylabel('δ = c_P')
+        ax.set_title(label, fontsize=10)
+        ax.legend(fontsize=7, loc='best')
+    fig.suptitle('Every head in the (γ, δ) plane', fontsize=11)
+    return save(fig, path)
+
+
+def plot_evolution(log, path, title):
+    """γ (top) and δ (bottom) of every head against tokens seen, one column per layer."""
+    tokens = [e['tokens'] / 1e6 for e in log]
+    gamma = torch.tensor([e['gamma'] for e in log])  # [evals, layers, heads]
+    delta = torch.tensor([e['delta'] for e in log])
+    n_layer = gamma.shape[1]
+    fig, axes = plt.subplots(2, n_layer, figsize=(3.2 * n_layer, 5.4), sharex=True, squeeze=False)
+    for layer in range(n_layer):
+        top, bottom = axes[0][layer], axes[1][layer]
+        top.axhspan(-1, 0, color='tab:green', alpha=0.12)
+        for head in range(gamma.shape[2]):
+            top.plot(tokens, gamma[:, layer, head].tolist(), lw=1.2)
+            bottom.plot(tokens, delta[:, layer, head].tolist(), lw=1.2)
+        top.set_title(f'layer {layer}', fontsize=10)
+        bottom.set_xlabel('tokens seen (millions)')
+    axes[0][0].set_ylabel('γ (shaded: the corridor)')
+    axes[1][0].set_ylabel('δ')
+    fig.suptitle(f'{title}: γ and δ of every head (one line per head)', fontsize=11)
+    return save(fig, path)
+
+
+def plot_losses(curves, path, title):
+    """curves: {label: (tokens, losses)} overlaid."""
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for label, (tokens, losses) in curves.items():
+        ax.plot([t / 1e6 for t in tokens], losses, marker='.', label=label)
+    ax.set_xlabel('tokens seen (millions)')
+    ax.set_ylabel('loss (nats per token)')
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return save(fig, path)
+
+
+# ------------------------------------------------------------------------------------ walk geometry over training
+
+# what plot_walk_evolution draws from the log's 'walk' entries (train.py's walk_interval): key, axis title
+WALK_PANELS = (('drift', 'drift to the next layer'), ('delta_orth', 'δ_orth'), ('a_eff_fro', '‖A_eff‖_F'),
+               ('gram_ratio', 'Ḡ diagonal / off-diagonal (mean abs)'))
+
+
+def walk_series(log, part, key):
+    """(tokens [E], values [E, layers]) of one logged walk diagnostic over the evaluations that have it;
+    gram_ratio is Ḡ's mean |diagonal| over its mean |off-diagonal|. None when the log has none."""
+    entries = [e for e in log if part in e.get('walk', {})]
+    if not entries:
+        return None
+    if key == 'gram_ratio':
+        values = [[a / b for a, b in zip(e['walk'][part]['gram_diag_mean'], e['walk'][part]['gram_offdiag_mean'])]
+                  for e in entries]
+    else:
+        values = [e['walk'][part][key] for e in entries]
+    return torch.tensor([e['tokens'] for e in entries], dtype=torch.float64), torch.tensor(values, dtype=torch.float64)
+
+
+def plot_walk_evolution(groups, path, title):
+    """groups: {label: [log, ...]} (e.g. a variant's seeds). Every walk diagnostic against tokens seen, one column
+    per layer, the mean γ of the layer's heads in the last row; one colour per group, one thin line per log;
+    the attention part solid, the full operator c_I·I + c_P·P dashed."""
+    n_layer = len(next(iter(groups.values()))[0][-1]['gamma'])
+    rows = len(WALK_PANELS) + 1
+    fig, axes = plt.subplots(rows, n_layer, figsize=(3.1 * n_layer, 2.2 * rows), sharex=True, squeeze=False)
+    for color, (label, logs) in enumerate(groups.items()):
+        for k, log in enumerate(logs):
+            for row, (key, name) in enumerate(WALK_PANELS):
+                for part, style in (('attention', '-'), ('operator', '--')):
+                    series = walk_series(log, part, key)
+                    if series is None:
+                        continue
+                    tokens, values = series
+                    for layer in range(values.shape[1]):
+                        axes[row][layer].plot((tokens / 1e6).tolist(), values[:, layer].tolist(), style, lw=1,
+                                              color=f'C{color}', alpha=0.8,
+                                              label=f'{label}{"" if part == "attention" else " (operator)"}'
+                                              if k == 0 and layer == 0 else None)
+                axes[row][0].set_ylabel(name, fontsize=8)
+            gamma = torch.tensor([e['gamma'] for e in log]).mean(-1)  # [evals, layers]
+            for layer in range(n_layer):
+                axes[-1][layer].plot([e['tokens'] / 1e6 for e in log], gamma[:, layer].tolist(), lw=1,
+                                     color=f'C{color}', alpha=0.8)
+    axes[-1][0].set_ylabel('mean γ of the layer', fontsize=8)
+    for layer in range(n_layer):
+        axes[0][layer].set_title(f'layer {layer}', fontsize=9)
+        axes[-1][layer].set_xlabel('tokens seen (millions)')
+        axes[-1][layer].axhline(0, color='black', lw=0.6)
+    axes[0][-1].text(0.5, 0.5, 'the last layer\nhas no next layer', ha='center', va='center', fontsize=8,
+                     transform=axes[0][-1].transAxes)
+    axes[0][-1].set_yticks([])
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(f'{title}: connection-walk geometry during training (solid: attention part, dashed: full operator)',
+                 fontsize=10)
+    return save(fig, path)
