@@ -212,7 +212,7 @@ STUDIES = {
         "Replication of claims (a) and (c) at the base size on Tiny Shakespeare, 8 fresh seeds (100-107)",
         parts=(Part('shakespeare_char/small', ('attention', 'corridor', 'gamma_nonneg'), 8, first_seed=100),),
         gpu_parts=(),
-        figures='claims_figures'),
+        figures='replication_figures'),
     'ladder': Study(
         "Claim (a) on a scale ladder at equal tokens per parameter: does the corridor's gain change with size?",
         # six seeds where runs are minutes, three at the largest (~40 min each on a shared core)
@@ -674,6 +674,25 @@ def claims_figures(results, out, tests, study):
                   f"- the forms alike: α0·I + α1·P − corridor {test('alpha', 'corridor')}; "
                   f"αP + β(I − P) − corridor {test('alpha_beta', 'corridor')}", '']
     return lines
+
+
+# the cells the replication repeats, as the claims study measured them (seeds 0-2; README, commit a7c0eb5)
+REPLICATED = {'corridor − attention': (-0.0031, 0.0006, 3), 'gamma_nonneg − corridor': (+0.0036, 0.0003, 3)}
+
+
+def replication_figures(results, out, tests, study):
+    """Each primary test beside the cell it replicates. Named before the runs were read; reported whatever it shows."""
+    lines = ["### The replication's primary tests (each alone in its family)", '',
+             "| claim | test | original, seeds 0-2 (mean [95 % CI], p) | replication, fresh seeds: mean [95 % CI], p, "
+             "Holm p, MDE: verdict |", '|---|---|---|---|']
+    for setting, (loaded, summary) in results.items():
+        for claim, (a, b) in (('(a)', ('corridor', 'attention')), ('(c)', ('gamma_nonneg', 'corridor'))):
+            label = f'{a} − {b}'
+            original = summary_test(*REPLICATED[label])
+            cell = tests.add(family(study, a, b), f'{setting}: {label}', paired_differences(loaded, a, b))
+            lines.append(f"| {claim} | {setting}: {label} | {original.mean:+.4f} [{original.low:+.4f}, "
+                         f"{original.high:+.4f}], p {fmt_p(original.p)} | {cell} |")
+    return lines + ['']
 
 
 def fixed_gamma_figures(results, out, tests, study):

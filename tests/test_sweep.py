@@ -291,3 +291,19 @@ def test_claim_b_has_three_seeds_for_the_corridor_and_the_spread_start(tiny_data
                            [f'--data_root={tiny_data_root}', '--dataset=tiny'])
     for variant in ('attention', 'corridor', 'corridor_spread'):
         assert sum(key[:2] == ('shakespeare_char/small-long', variant) for key in runs) >= 3
+
+
+def test_the_replication_report_puts_each_primary_test_beside_the_original_cell(tmp_path):
+    finals = {'attention': [2.040, 2.050, 2.030, 2.045], 'corridor': [2.037, 2.046, 2.028, 2.041],
+              'gamma_nonneg': [2.041, 2.050, 2.032, 2.045]}
+    loaded = {(v, 100 + i): dict(log=[dict(val_loss=x)]) for v, xs in finals.items() for i, x in enumerate(xs)}
+    tests = sweep.Tests()
+    lines = sweep.replication_figures({'shakespeare_char/small': (loaded, {})}, str(tmp_path), tests, 'replication')
+    tests.finish()
+    text = tests.fill('\n'.join(lines))
+    # corridor − attention: −0.003, −0.004, −0.002, −0.004: mean −0.00325, SD 0.000957, t = −6.79 on 3 df
+    a = next(line for line in text.splitlines() if line.startswith('| (a) |'))
+    assert '-0.0031 [-0.0046, -0.0016], p 0.012' in a and '-0.00325 [' in a and '**lower**' in a
+    assert next(t for t in tests.tests if t['label'].endswith('corridor − attention'))['p'] == pytest.approx(
+        sweep.t_two_sided_p(0.00325 / (0.000957427 / 2), 3), rel=1e-4)
+    assert all(t['family_size'] == 1 for t in tests.tests)  # each claim's primary test alone in its family
