@@ -273,7 +273,7 @@ def test_gpu_with_variants_plans_gpt2_runs_or_refuses_a_base(tmp_path):
                                      f'--out_root={tmp_path}', cwd=REPO), 'has no GPU runs')
 
 
-def test_the_ladder_spans_twenty_fold_at_equal_tokens_per_parameter(tmp_path):
+def test_the_ladder_spans_twenty_fold_at_equal_tokens_per_parameter(tmp_path, tiny_data_root):
     result = run_script('sweep.py', '--study=ladder', '--plan=True', f'--out_root={tmp_path}', cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = plan_rows(result.stdout)
@@ -284,6 +284,11 @@ def test_the_ladder_spans_twenty_fold_at_equal_tokens_per_parameter(tmp_path):
     assert max(ratios) / min(ratios) < 1.1  # equal up to whole multiples of 60 iterations
     seeds = {p.setting: p.seeds for p in sweep.STUDIES['ladder'].parts}
     assert sorted(seeds.values())[1] >= 6 and min(seeds.values()) >= 3
+    # tiny overrides after `--` win over a rung's budget, its size stays
+    runs = sweep.plan_runs(sweep.STUDIES['ladder'].parts, 'sweeps', sweep.CPU,
+                           [f'--data_root={tiny_data_root}', '--dataset=tiny', '--max_iters=6', '--lr_decay_iters=6'])
+    config = sweep.parse_config(sweep.TRAIN_DEFAULTS, runs[('shakespeare_char/ladder-l', 'corridor', 0)][1])
+    assert (config['max_iters'], config['n_layer'], config['n_embd'], config['dropout']) == (6, 6, 192, 0.1)
 
 
 def test_claim_b_has_three_seeds_for_the_corridor_and_the_spread_start(tiny_data_root):
