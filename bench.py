@@ -5,6 +5,7 @@ Speed and memory of the operator family, measured in one run: every timed step a
     python bench.py                  # CPU-sized: every form eager and compiled, fast vs math path, KV cache, walk
     python bench.py --preset gpu     # one H100/H200 in about 9 minutes: GPT-2 124M in bf16, MFU, short train.py runs
     python bench.py --preset tiny    # seconds, what the tests run
+    python bench.py --baseline HEAD~1 --skip epilogue,paths,kv_cache,walk   # what a change to model.py costs
 
 The corridor's cost beyond attention, compiled, is also counted rather than timed: the bytes Inductor's kernels
 read and write for one layer, forward and backward, and the GPU throughput ratio they predict for GPT-2 124M.
@@ -16,6 +17,7 @@ step's memory an attention operator can change. Results also go to bench_<preset
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import math
@@ -119,24 +121,46 @@ def median_ratio(times, a, b):
 
 # ---------------------------------------------------------------------------------------------- training step
 
-def bench_training(p, device, autocast, results):
-    """Training-step throughput, memory and (GPU) MFU of every form, eager and compiled, interleaved.
+def load_baseline(spec):
+    """model.py of another revision (`--baseline HEAD~1`) or file (`--baseline old/model.py`), as a module: the
+    training step of both is timed in one run, interleaved, to show what a change to model.py costs."""
+    path = spec
+    if not os.path.isfile(spec):
+        try:
+            source = subprocess.run(['git', 'show', f'{spec}:model.py'], capture_output=True, text=True, check=True,
+                                    cwd=os.path.dirname(os.path.abspath(__file__))).stdout
+        except (OSError, subprocess.CalledProcessError):
+            sys.exit(f"error: --baseline {spec!r} is neither a file nor a git revision with a model.py")
+        path = os.path.join(tempfile.mkdtemp(), 'model_baseline.py')
+        with open(path, 'w') as f:
+            f.write(source)
+    module_spec = importlib.util.spec_from_file_location('model_baseline', path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def bench_training(p, device, autocast, results, baseline=None):
+    """Training-step throughput, memory and (GPU) MFU of every form, eager and compiled, interleaved; with a
+    baseline model module (load_baseline), the same variants built from it too, same weights, same rounds.
 
     The compiled variants are the graphs train.py runs: static shapes. Dynamo marks a dimension dynamic once it
     has seen the same code (GPT.forward, whatever the model object) at two sizes, so an earlier compile in this
     process at another batch size would otherwise make these graphs dynamic in the batch dimension."""
     torch._dynamo.reset()
     variants = {}
+    sources = {'': sys.modules[GPT.__module__]} | ({'baseline': baseline} if baseline else {})
     for form in p['forms']:
         for mode in p['modes']:
-            torch.manual_seed(0)
-            model = GPT(GPTConfig(n_layer=p['n_layer'], n_head=p['n_head'], n_embd=p['n_embd'],
-                                  block_size=p['block_size'], vocab_size=p['vocab_size'], bias=p.get('bias', True),
-                                  operator=form,
-                                  **(dict(gamma_init=-0.3, init_spread=0.2) if form in ('corridor', 'alpha', 'alpha_beta') else {}))).to(device)
-            optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if device.startswith('cuda') else 'cpu')
-            variants[(form, mode)] = (model, torch.compile(model, dynamic=False) if mode == 'compiled' else model,
-                                      optimizer)
+            for tag, module in sources.items():
+                torch.manual_seed(0)
+                model = module.GPT(module.GPTConfig(
+                    n_layer=p['n_layer'], n_head=p['n_head'], n_embd=p['n_embd'], block_size=p['block_size'],
+                    vocab_size=p['vocab_size'], bias=p.get('bias', True), operator=form,
+                    **(dict(gamma_init=-0.3, init_spread=0.2) if form in ('corridor', 'alpha', 'alpha_beta') else {}))).to(device)
+                optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if device.startswith('cuda') else 'cpu')
+                key = (form, mode) if not tag else (form, mode, tag)
+                variants[key] = (model, torch.compile(model, dynamic=False) if mode == 'compiled' else model, optimizer)
     idx = torch.randint(0, p['vocab_size'], (p['batch_size'], p['block_size'] + 1), device=device)
     x, y = idx[:, :-1], idx[:, 1:]
 
@@ -156,7 +180,8 @@ def bench_training(p, device, autocast, results):
         with Memory(device) as m:
             step(variant)
         memory[key] = m.bytes
-        print(f"  warm-up {key[0]:>10} {key[1]:>8}: {warm:6.1f} s (first step, with compile)")
+        print(f"  warm-up {key[0]:>10} {key[1]:>8}{' (baseline)' if len(key) > 2 else ''}: {warm:6.1f} s (first step, "
+              f"with compile)")
     times = {key: [] for key in variants}
     for _ in range(p['rounds']):
         for key, variant in variants.items():  # attention, corridor, ... interleaved in every round
@@ -168,7 +193,10 @@ def bench_training(p, device, autocast, results):
           f"{p['dtype']}, {p['rounds']} rounds × {p['steps']} steps, medians")
     print(f"  {'form':>10} {'mode':>8} {'tokens/s':>12} {'vs attention':>13} {'memory MB':>10} {'vs attention':>13}"
           + ('  MFU' if peak else ''))
-    for (form, mode), t in times.items():
+    for key, t in times.items():
+        if len(key) > 2:  # the baseline's rows: below
+            continue
+        form, mode = key
         tps = tokens / statistics.median(t)
         speed = median_ratio(times, ('attention', mode), (form, mode))
         mem = memory[(form, mode)] / memory[('attention', mode)]
@@ -177,6 +205,14 @@ def bench_training(p, device, autocast, results):
         results['training'][f'{form}/{mode}'] = dict(tokens_per_s=tps, throughput_vs_attention=speed,
                                                     memory_bytes=memory[(form, mode)], memory_vs_attention=mem,
                                                     mfu=model.flops_per_token(p['block_size']) * tps / peak if peak else None)
+    if baseline:
+        print("\n  against the baseline model.py (the same variants, interleaved in every round):")
+        print(f"  {'form':>10} {'mode':>8} {'throughput vs baseline':>23} {'memory vs baseline':>19}")
+        for form, mode in (key for key in times if len(key) == 2):
+            speed = median_ratio(times, (form, mode, 'baseline'), (form, mode))
+            mem = memory[(form, mode)] / memory[(form, mode, 'baseline')]
+            print(f"  {form:>10} {mode:>8} {speed:>23.3f} {mem:>19.3f}")
+            results['training'][f'{form}/{mode}'].update(throughput_vs_baseline=speed, memory_vs_baseline=mem)
 
 
 def headline(results):
@@ -431,6 +467,8 @@ def main(argv):
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--out_dir', default='.', help="where bench_<preset>.json and the train.py runs' logs go")
     parser.add_argument('--json', default=None, help='write the results here (default: OUT_DIR/bench_<preset>.json)')
+    parser.add_argument('--baseline', help="a git revision (e.g. HEAD~1) or a file whose model.py the training step "
+                        "is also timed with, interleaved: what a change to model.py costs")
     parser.add_argument('--skip', default='', help='comma-separated parts to skip: '
                         'training,epilogue,train_runs,compile_check,paths,kv_cache,walk')
     args = parser.parse_args(argv)
@@ -458,7 +496,7 @@ def main(argv):
             json.dump(results, f, indent=1)
     skip = set(args.skip.split(','))
     if 'training' not in skip:
-        bench_training(p, device, autocast, results)
+        bench_training(p, device, autocast, results, load_baseline(args.baseline) if args.baseline else None)
         if 'corridor/compiled' in results['training']:
             print(headline(results))  # here, not only at the end: a run cut short keeps it
         save()

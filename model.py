@@ -18,7 +18,7 @@ fused epilogue, the KV cache, the config checks) sits together at the end of the
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable, NamedTuple
 
 import torch
@@ -53,6 +53,13 @@ class GPTConfig:
     @property
     def padded_vocab_size(self):
         return 64 * math.ceil(self.vocab_size / 64)
+
+
+# The operator's keys and their defaults: GPTConfig's fields from `operator` on. train.py takes its operator keys
+# from here, so a new key is one more field above.
+_names = [f.name for f in fields(GPTConfig)]
+OPERATOR_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)[_names.index('operator'):]}
+OPERATOR_KEYS = tuple(OPERATOR_DEFAULTS)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -551,9 +558,8 @@ def check_config(config):
         need(1 <= config.laplacian_heads <= config.n_head,
              f"laplacian_heads must be in [1, n_head={config.n_head}], got {config.laplacian_heads}")
     if not OPERATORS[config.operator].learnable:
-        changed = [key for key, default in (('gamma_init', 0.0), ('delta_init', 1.0), ('init_spread', 0.0),
-                                            ('learn_gamma', True), ('learn_delta', True), ('gamma_nonneg', False))
-                   if getattr(config, key) != default]
+        learnable_only = ('gamma_init', 'delta_init', 'init_spread', 'learn_gamma', 'learn_delta', 'gamma_nonneg')
+        changed = [key for key in learnable_only if getattr(config, key) != OPERATOR_DEFAULTS[key]]
         learnable = ', '.join(name for name, form in OPERATORS.items() if form.learnable)
         need(not changed, f"{', '.join(changed)} only apply to a learnable operator ({learnable}), "
                           f"not operator={config.operator!r}")

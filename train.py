@@ -1,7 +1,7 @@
 """
 Train a GPT whose attention heads use one operator of the family in model.py.
 
-    python train.py configs/shakespeare_char.py --operator=corridor    # CPU, minutes
+    python train.py configs/shakespeare_char.py --operator=corridor    # CPU, minutes (prepares its data itself)
     python train.py configs/owt_gpt2_124m.py --operator=corridor       # one GPU
     torchrun --standalone --nproc_per_node=8 train.py configs/owt_gpt2_124m.py --operator=corridor   # DDP, one node
     python train.py --init_from=resume --out_dir=out-owt-124m          # continue a stopped run exactly
@@ -15,6 +15,7 @@ import json
 import math
 import os
 import signal
+import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -30,7 +31,7 @@ from tqdm import tqdm
 from common import (UserError, load_checkpoint, load_model, main_guard, model_config, model_from_checkpoint,
                     parse_config, peak_flops, resolve_dtype, save_checkpoint)
 from connection import PER_LAYER, connection_diagnostics
-from model import GPT, gamma_delta, in_corridor
+from model import GPT, OPERATOR_DEFAULTS, OPERATOR_KEYS, gamma_delta, in_corridor
 
 # ------------------------------------------------------------------------------------------------------------
 # default config: GPT-2 124M on OpenWebText, nanoGPT's key names
@@ -62,16 +63,8 @@ DEFAULTS = dict(
     n_embd=768,
     dropout=0.0,
     bias=False,
-    # the attention operator: GPTConfig and OPERATORS in model.py (defaults as there)
-    operator='attention',
-    laplacian_heads=1,
-    gamma_init=0.0,
-    delta_init=1.0,
-    init_spread=0.0,
-    learn_gamma=True,
-    learn_delta=True,
-    gamma_nonneg=False,
-    operator_lr_mult=1.0,
+    # the attention operator: operator='corridor', gamma_init=..., ... (every key and default: GPTConfig in model.py)
+    **OPERATOR_DEFAULTS,
     # AdamW
     learning_rate=6e-4,
     max_iters=600000,
@@ -91,8 +84,6 @@ DEFAULTS = dict(
     backend='auto',                # DDP: 'auto' = nccl on GPU, gloo on CPU
     seed=1337,
 )
-OPERATOR_KEYS = ('operator', 'laplacian_heads', 'gamma_init', 'delta_init', 'init_spread', 'learn_gamma',
-                 'learn_delta', 'gamma_nonneg', 'operator_lr_mult')
 # what a resumed run can't change (block_size may shrink: it is checked against the model's positions)
 ARCHITECTURE_KEYS = ('n_layer', 'n_head', 'n_embd', 'bias') + tuple(k for k in OPERATOR_KEYS if k != 'operator_lr_mult')
 
@@ -167,6 +158,25 @@ def leave_processes(ddp):
     if ddp:
         dist.barrier()
         dist.destroy_process_group()
+
+
+# small known datasets (about 1 MB of text) that train.py prepares itself when their folder is missing, so that the
+# quick start is one command; the others (OpenWebText: ~17 GB) need their explicit `python prepare.py NAME`
+PREPARED_ON_DEMAND = ('shakespeare_char', 'shakespeare')
+
+
+def prepare_if_missing(cfg):
+    """Run `prepare.py DATASET` (as a user would: a separate process) for a small known dataset with no meta.json."""
+    folder = os.path.join(cfg.data_root, cfg.dataset)
+    if cfg.dataset not in PREPARED_ON_DEMAND or os.path.isfile(os.path.join(folder, 'meta.json')):
+        return
+    command = ['prepare.py', cfg.dataset, f'--data_root={cfg.data_root}']
+    print(f"{folder} is missing: preparing it first (python {' '.join(command)})", flush=True)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'prepare.py')
+    result = subprocess.run([sys.executable, script, *command[1:]], stderr=subprocess.PIPE, text=True)
+    if result.returncode:
+        reason = (result.stderr.strip().splitlines() or ['no message'])[-1].removeprefix('error: ')
+        raise UserError(f"preparing {folder} failed: {reason}")
 
 
 class Data:
@@ -290,6 +300,24 @@ def checkpoint_state(model, optimizer, scaler, cfg, meta, progress, data_rng, de
                          cuda=torch.cuda.get_rng_state(device) if device.startswith('cuda') else None))
 
 
+def restore_state(ckpt, optimizer, scaler, data_rng, cfg, device, rank):
+    """checkpoint_state's inverse for a resumed run: optimizer moments, grad scaler, RNGs; returns the progress.
+    The optimizer keeps the hyperparameters configured now, not the checkpoint's."""
+    fresh = [dict(g) for g in optimizer.param_groups]
+    optimizer.load_state_dict(ckpt['optimizer'])  # restores the moments, and the old hyperparameters too:
+    for group, new in zip(optimizer.param_groups, fresh):  # a resumed run uses the ones configured now
+        group.update({k: new[k] for k in ('weight_decay', 'betas', 'lr_mult')})
+    scaler.load_state_dict(ckpt['scaler'])
+    progress = {k: ckpt[k] for k in ('iter_num', 'tokens_seen', 'best_val_loss')}
+    torch.set_rng_state(ckpt['rng']['torch'])
+    if device.startswith('cuda') and ckpt['rng']['cuda'] is not None:
+        torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
+    if rank > 0:  # only rank 0's RNG state is saved; the others reseed so their dropout masks stay distinct
+        torch.manual_seed(cfg.seed + rank + 7919 * progress['iter_num'])  # (a DDP resume with dropout: not exact)
+    data_rng.set_state(ckpt['rng']['data'])
+    return progress
+
+
 def claim_run_folder(out_dir):
     """Hold an exclusive lock on out_dir for the life of this process, or fail with one line: two runs in one
     folder would interleave log.jsonl and race for ckpt.pt. The OS drops the lock when the process dies (even by
@@ -363,6 +391,26 @@ class StopRequest:
             tqdm.write("stopping after this iteration and saving a checkpoint (again to abort now)")
 
 
+def synchronized_time(device):
+    if device.startswith('cuda'):
+        torch.cuda.synchronize(device)
+    return time.time()
+
+
+def wandb_metrics(entry, occupancy):
+    """A log.jsonl entry as flat wandb metrics: losses, lr, tokens, every head's γ/δ/c_I/c_P, the walk geometry."""
+    metrics = {'train/loss': entry['train_loss'], 'val/loss': entry['val_loss'], 'val/best': entry['best_val_loss'],
+               'lr': entry['lr'], 'tokens': entry['tokens'], 'corridor/occupancy': occupancy}
+    for key in ('gamma', 'delta', 'c_I', 'c_P'):
+        for layer, heads in enumerate(entry[key]):
+            metrics.update({f'{key}/L{layer}H{head}': value for head, value in enumerate(heads)})
+    for part, diagnostics in entry.get('walk', {}).items():
+        for key, values in diagnostics.items():
+            metrics.update({f'walk_{part}/{key}/L{layer}': value for layer, value in enumerate(values)})
+    return metrics
+
+
+
 # ------------------------------------------------------------------------------------------------------------
 
 def main(argv):
@@ -377,6 +425,8 @@ def main(argv):
     torch.backends.cudnn.allow_tf32 = True
     micro_steps = cfg.gradient_accumulation_steps // world  # per process
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+    if not ddp:  # (under torchrun, prepare first: ranks would race to write the same folder)
+        prepare_if_missing(cfg)
     data = Data(cfg, device)
     # Every process draws the same global batch from this generator and takes its own rows of it, so a DDP run
     # sees exactly the batches of one process with the same gradient_accumulation_steps.
@@ -398,18 +448,7 @@ def main(argv):
                                                device.split(':')[0])
     progress = dict(iter_num=0, tokens_seen=0, best_val_loss=float('inf'))
     if resumed:
-        fresh = [dict(g) for g in optimizer.param_groups]
-        optimizer.load_state_dict(ckpt['optimizer'])  # restores the moments, and the old hyperparameters too:
-        for group, new in zip(optimizer.param_groups, fresh):  # a resumed run uses the ones configured now
-            group.update({k: new[k] for k in ('weight_decay', 'betas', 'lr_mult')})
-        scaler.load_state_dict(ckpt['scaler'])
-        progress = {k: ckpt[k] for k in progress}
-        torch.set_rng_state(ckpt['rng']['torch'])
-        if device.startswith('cuda') and ckpt['rng']['cuda'] is not None:
-            torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
-        if rank > 0:  # only rank 0's RNG state is saved; the others reseed so their dropout masks stay distinct
-            torch.manual_seed(cfg.seed + rank + 7919 * progress['iter_num'])  # (a DDP resume with dropout: not exact)
-        data_rng.set_state(ckpt['rng']['data'])
+        progress = restore_state(ckpt, optimizer, scaler, data_rng, cfg, device, rank)
     ckpt = None  # the checkpoint's host copy of the weights and moments: gone before the run starts
     compiled = torch.compile(raw_model) if cfg.compile else raw_model
     # broadcast_buffers=False: the only buffers are the fixed operator scalars, equal on every rank from the start
@@ -455,8 +494,10 @@ def main(argv):
         for group in optimizer.param_groups:
             group['lr'] = lr * group['lr_mult']
 
-        if (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters) and not (resumed and iter_num == start_iter):
-            losses = estimate_loss(compiled, data, cfg, autocast, rank, world)  # (a resumed run's is logged already)
+        at_eval = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
+        logged_before_the_stop = resumed and iter_num == start_iter  # a resumed run's first eval is in its log already
+        if at_eval and not logged_before_the_stop:
+            losses = estimate_loss(compiled, data, cfg, autocast, rank, world)
             if not all(math.isfinite(v) for v in losses.values()):
                 raise TrainingStopped(f"evaluation at iter {iter_num} gave {losses}; stopped without saving, "
                                       f"{ckpt_path} holds the last good state")
@@ -525,7 +566,9 @@ def main(argv):
         # The device runs ahead of the host between log lines; here they meet: the loss of the window, averaged
         # over processes, and whether any process was asked to stop (one small all-reduce). Without DDP a stop
         # request is honoured at the next iteration; under DDP at the next log line, the same iteration everywhere.
-        if iter_num % cfg.log_interval and not (stop_request.seen and not ddp) and iter_num != cfg.max_iters:
+        at_log_line = iter_num % cfg.log_interval == 0
+        stop_here = stop_request.seen and not ddp
+        if not (at_log_line or stop_here or iter_num == cfg.max_iters):
             continue
         shared = torch.stack([window['loss'].float(), torch.tensor(float(stop_request.seen), device=device)])
         if ddp:
@@ -534,7 +577,7 @@ def main(argv):
         if not math.isfinite(lossf):
             raise TrainingStopped(f"loss is {lossf} at iter {iter_num}; stopped, {ckpt_path} holds the last good "
                                   f"state (try a lower learning_rate, or bfloat16 instead of float16)")
-        if master and iter_num % cfg.log_interval == 0:
+        if master and at_log_line:
             dt = (time.time() - window['t0']) / window['timed'] if window['timed'] > 0 else None
             occupancy, gamma_mean, delta_mean = corridor_summary(raw_model.operator_coefficients())
             speed = ''
@@ -550,25 +593,6 @@ def main(argv):
     if wandb:
         wandb.finish()
     leave_processes(ddp)
-
-
-def synchronized_time(device):
-    if device.startswith('cuda'):
-        torch.cuda.synchronize(device)
-    return time.time()
-
-
-def wandb_metrics(entry, occupancy):
-    """A log.jsonl entry as flat wandb metrics: losses, lr, tokens, every head's γ/δ/c_I/c_P, the walk geometry."""
-    metrics = {'train/loss': entry['train_loss'], 'val/loss': entry['val_loss'], 'val/best': entry['best_val_loss'],
-               'lr': entry['lr'], 'tokens': entry['tokens'], 'corridor/occupancy': occupancy}
-    for key in ('gamma', 'delta', 'c_I', 'c_P'):
-        for layer, heads in enumerate(entry[key]):
-            metrics.update({f'{key}/L{layer}H{head}': value for head, value in enumerate(heads)})
-    for part, diagnostics in entry.get('walk', {}).items():
-        for key, values in diagnostics.items():
-            metrics.update({f'walk_{part}/{key}/L{layer}': value for layer, value in enumerate(values)})
-    return metrics
 
 
 if __name__ == '__main__':

@@ -7,7 +7,7 @@ from contextlib import nullcontext
 import torch
 
 import bench
-from conftest import run_script
+from conftest import REPO, run_script
 
 
 def test_bench_tiny_preset_runs_end_to_end(tmp_path):
@@ -85,3 +85,19 @@ def test_device_synchronization_and_memory_statistics_use_the_given_device(monke
     everything = 'training,epilogue,train_runs,compile_check,paths,kv_cache,walk'
     bench.main(['--preset', 'tiny', '--device', 'cuda', '--skip', everything, '--out_dir', str(tmp_path)])
     assert calls == [('set_device', 'cuda:1'), ('get_device_name', 'cuda:1')]
+
+
+def test_baseline_times_another_model_py_beside_this_one(tmp_path):
+    """--baseline: the same variants built from another model.py (here a copy of this one), interleaved; identical
+    code keeps identical activations, and a revision that is neither a file nor in git is one line."""
+    copy = tmp_path / 'model_copy.py'
+    copy.write_text((REPO / 'model.py').read_text())
+    result = run_script('bench.py', '--preset', 'tiny', '--device', 'cpu', '--out_dir', tmp_path, '--baseline', copy,
+                        '--skip', 'epilogue,train_runs,paths,kv_cache,walk', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'against the baseline model.py' in result.stdout
+    for entry in json.loads((tmp_path / 'bench_tiny.json').read_text())['training'].values():
+        assert entry['memory_vs_baseline'] == 1.0 and entry['throughput_vs_baseline'] > 0
+    bad = run_script('bench.py', '--preset', 'tiny', '--baseline', 'no-such-revision', cwd=tmp_path)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+        "error: --baseline 'no-such-revision' is neither a file nor a git revision with a model.py"]

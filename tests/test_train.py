@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from common import model_config, parse_config
-from conftest import REPO, TINY_TRAIN_ARGS, assert_one_line_error, run_script
+from conftest import REPO, SHAKESPEARE, TINY_TRAIN_ARGS, assert_one_line_error, needs_shakespeare, run_script
 from train import DEFAULTS
 
 
@@ -467,3 +467,27 @@ def test_a_sixth_operator_is_one_table_entry(tiny_data_root, tmp_path, monkeypat
     assert [e['iter'] for e in log] == [0, 2]
     assert log[0]['gamma'] != log[1]['gamma']  # θ learnt in two steps
     assert all(-1 < g < 0 for row in log[1]['gamma'] for g in row)
+
+
+# ---------------------------------------------------------------------------------------------- the quick start
+
+@needs_shakespeare
+def test_train_prepares_shakespeare_char_itself_when_its_folder_is_missing(tmp_path):
+    """The quick start's one command: data/shakespeare_char missing -> one line, prepare.py runs, training starts.
+    The download is served from the local copy by a sitecustomize hook (the tests have no network)."""
+    hook = tmp_path / 'offline'
+    hook.mkdir()
+    (hook / 'sitecustomize.py').write_text(
+        "import io, urllib.request\n"
+        f"urllib.request.urlopen = lambda url, timeout=None: io.BytesIO(open({str(SHAKESPEARE)!r}, 'rb').read())\n")
+    result = run_script('train.py', REPO / 'configs' / 'shakespeare_char.py',
+                        '--data_root=data', '--out_dir=out', '--max_iters=2', '--eval_interval=2', '--eval_iters=1',
+                        '--n_layer=1', '--n_embd=16', '--n_head=2', cwd=tmp_path, env={'PYTHONPATH': str(hook)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "data/shakespeare_char is missing: preparing it first (python prepare.py shakespeare_char" in result.stdout
+    meta = json.loads((tmp_path / 'data' / 'shakespeare_char' / 'meta.json').read_text())
+    assert meta['vocab_size'] == 65 and meta['train_tokens'] == 1_003_854  # nanoGPT's split of the real text
+    assert [e['iter'] for e in read_log(tmp_path / 'out')] == [0, 2]
+    again = run_script('train.py', str(REPO / 'configs' / 'shakespeare_char.py'), '--data_root=data', '--out_dir=out2',
+                       '--max_iters=0', '--n_layer=1', '--n_embd=16', '--n_head=2', cwd=tmp_path)
+    assert again.returncode == 0 and 'preparing' not in again.stdout  # prepared once
