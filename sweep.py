@@ -254,7 +254,8 @@ def plan_runs(parts, out_root, base, train_args, need_data=True):
         folder = os.path.join(out_root, part.setting) if part.setting else out_root
         if not os.path.isfile(config_file):
             raise UserError(f"base config {config_file!r} not found")
-        for seed in range(part.first_seed, part.first_seed + part.seeds):  # seed-major: every variant of seed 0 first, so pairs finish early
+        # seed-major: every variant of the first seed first, so pairs finish early
+        for seed in range(part.first_seed, part.first_seed + part.seeds):
             for spec in part.variants:
                 variant, variant_keys = parse_variant(spec)
                 out_dir = os.path.join(folder, f"{variant}-s{seed}")
@@ -822,13 +823,14 @@ def gamma_dynamics_figures(results, out, tests, study):
                              f"{last[0].mean():+.3f} | {last[1:].mean():+.3f} | [{last.min():+.2f}, {last.max():+.2f}] | "
                              f"{settling:.3f} | {gap:+.4f} |")
             fraction = paired_test(deep_beyond_first)
+            gap = tests.add(family(study, v, 'attention'), f'{setting}: {v} − attention',
+                            paired_differences(loaded, v, 'attention'))
             summaries.append(
                 f"- {setting}, {v}: heads beyond layer 0 with −1 < γ < {DEEP}: {fraction.mean:.0%} over "
                 f"{fraction.n} seed(s)" + (f", 95 % CI [{fraction.low:.0%}, {fraction.high:.0%}]"
                                            if fraction.n > 1 and fraction.sd > 0 else
                                            ' (no spread between seeds)' if fraction.n > 1 else '') +
-                (f"; val − attention {tests.add(family(study, v, 'attention'), f'{setting}: {v} − attention', paired_differences(loaded, v, 'attention'))}"
-                 if 'attention' in summary else ''))
+                (f"; val − attention {gap}" if 'attention' in summary else ''))
             axes[0][col].set_title(f'{v}: γ of every head', fontsize=9)
             axes[1][col].set_ylim(-0.05, 1.05)
             axes[1][col].set_title('fraction in the corridor', fontsize=9)
