@@ -973,7 +973,8 @@ def report(name, study, runs, out):
     sizes = {}
     for t in tests.tests:
         sizes[t['family']] = t['family_size']
-    lines += ['### Holm families', '', *(f"- {family}: {m} test(s)" for family, m in sizes.items()), '']
+    lines += ['### Holm families', '', *(f"- {family}: {m} test(s)" if m else f"- {family}: no test yet (one seed)"
+                                        for family, m in sizes.items()), '']
     text = tests.fill('\n'.join(lines))
     atomic_write(os.path.join(out, 'report.md'), text + '\n')
     atomic_write(os.path.join(out, 'report.json'), json.dumps(
