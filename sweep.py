@@ -7,6 +7,7 @@ Operator variants × seeds trained with identical data, budget and hyperparamete
     python sweep.py --study=scales --report_only=True  # report the runs finished so far, train nothing
     python sweep.py --study=scales --gpu=True --plan=True   # tokens and estimated GPU hours, train nothing
     python sweep.py --variants=attention,fixed_gamma=-0.3 --seeds=2 --out_root=sweeps/quick -- --max_iters=200
+    python sweep.py --variants=attention,corridor --gpu=True --plan=True   # ad hoc variants at GPT-2 124M
 
 A study trains every (setting, variant, seed) of its parts. A setting is a corpus, a model size and a token
 budget (SETTINGS); a variant is what a run changes in the operator (VARIANTS; `name=value` for a variant that
@@ -17,15 +18,20 @@ skipped and interrupted ones resumed, so the same command continues a study. A c
 name. Reports go to OUT_ROOT/<study>/ (report.md, report.json, figures).
 
 Statistics: each variant's final validation loss, and its difference to attention paired by seed (the same seed
-gives every variant the same initial weights and the same batches). A difference counts as 'lower' or 'higher'
-only when a two-sided paired t-test over the seeds rejects "no difference" at 5 %; otherwise it is 'inconclusive'.
+gives every variant the same initial weights and the same batches): mean, 95 % CI, p of a two-sided paired t-test,
+p Holm-adjusted within a family (one comparison across a study's settings; the fixed-γ grid and the geometry's
+cells as larger families, see STATISTICS) and the smallest effect the test detects at 80 % power. A difference
+counts as 'lower' or 'higher' only when the adjusted p is below 5 %; otherwise 'inconclusive, no effect larger
+than X', X the CI's bound farthest from zero. The t distribution is computed here (no scipy).
 """
 
 import ast
+import functools
 import inspect
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -97,6 +103,37 @@ GPU_350M = 'configs/owt_gpt2_350m.py'
 GPU_SHORT = dict(max_iters=2500, lr_decay_iters=2500, warmup_iters=250, eval_interval=250, walk_interval=250,
                  snapshot_interval=0)
 
+def non_embedding_params(config):
+    """Parameters without the token and position embeddings (the token embedding is the tied output layer too):
+    the count that does not depend on the vocabulary, the one a scaling law uses."""
+    with torch.device('meta'):  # the count without allocating the weights
+        model = GPT(model_config({**config, 'vocab_size': 1}))
+    return model.get_num_params(non_embedding=False) - model.transformer.wte.weight.numel() - \
+        model.transformer.wpe.weight.numel()
+
+
+# The scale ladder at equal tokens per parameter: 4 sizes over 27× in non-embedding parameters (0.10M to 2.66M),
+# each trained on LADDER_TOKENS_PER_PARAMETER tokens per non-embedding parameter, so that size is not confounded
+# with budget. 4 is what lets the largest fit on CPU: 10.6M tokens, ~40 min per run on one shared core, 3 seeds ×
+# 2 variants in ~2 h of 2 cores, while the smallest still gets 0.4M tokens (520 iterations, 5× its warmup). Up to
+# ~10 epochs of Tiny Shakespeare's 1.0M characters: dropout 0.1 at every size (the 9-epoch LONG runs of the base
+# model with it did not overfit). Learning rate, batch and context as the base.
+LADDER_TOKENS_PER_PARAMETER = 4
+LADDER_SIZES = {'ladder-xs': (2, 2, 64), 'ladder-s': (3, 3, 96), 'ladder-m': (4, 4, 128), 'ladder-l': (6, 6, 192)}
+
+
+def ladder_setting(n_layer, n_head, n_embd):
+    """A rung's keys: the size, and max_iters for LADDER_TOKENS_PER_PARAMETER tokens per non-embedding parameter."""
+    size = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd)
+    config = parse_config(TRAIN_DEFAULTS, [os.path.join(os.path.dirname(os.path.abspath(__file__)), CPU),
+                                     *(f'--{k}={v}' for k, v in size.items())])
+    tokens_per_iter = config['batch_size'] * config['block_size'] * config['gradient_accumulation_steps']
+    # a multiple of 60, so that the six evaluations fall on it and the last one is the final model
+    iters = 60 * round(LADDER_TOKENS_PER_PARAMETER * non_embedding_params(config) / tokens_per_iter / 60)
+    return dict(**size, max_iters=iters, lr_decay_iters=iters, eval_interval=iters // 6, walk_interval=iters // 6,
+                dropout=0.1)
+
+
 SETTINGS = {  # name (the runs' folder under OUT_ROOT): (base config, what it changes)
     'shakespeare_char/small':       (CPU, dict()),
     'wikitext2_char/small':         (CPU, dict(dataset='wikitext2_char')),
@@ -112,6 +149,7 @@ SETTINGS = {  # name (the runs' folder under OUT_ROOT): (base config, what it ch
     'openwebtext/gpt2_350m':        (GPU_350M, GPU_SHORT),
     'openwebtext/gpt2_124m-long':   (GPU, dict(walk_interval=500)),
 }
+SETTINGS.update({f'shakespeare_char/{name}': (CPU, ladder_setting(*size)) for name, size in LADDER_SIZES.items()})
 
 # ------------------------------------------------------------------------------------------------ studies
 
@@ -119,7 +157,8 @@ SETTINGS = {  # name (the runs' folder under OUT_ROOT): (base config, what it ch
 class Part(NamedTuple):
     setting: str         # a SETTINGS key
     variants: tuple      # variant specs
-    seeds: int           # seeds 0 .. seeds-1
+    seeds: int           # how many seeds: first_seed .. first_seed + seeds - 1
+    first_seed: int = 0  # a replication starts at seeds no other study has used
 
 
 class Study(NamedTuple):
@@ -159,10 +198,28 @@ STUDIES = {
         figures='scales_figures'),
     'gamma_dynamics': Study(
         "Claim (b): where do heads settle, from γ0 = 0 and from γ0 ~ U(−0.5, 0.5), at operator_lr_mult 1 and 10?",
-        parts=(Part('shakespeare_char/small-long', DYNAMICS, 1),
+        # three seeds for the corridor from γ0 = 0 and from the spread start (and attention, to pair them); one
+        # for the operator_lr_mult = 10 pair and the BPE pair
+        parts=(Part('shakespeare_char/small-long', ('attention', 'corridor', 'corridor_spread'), 3),
+               Part('shakespeare_char/small-long', ('corridor_lr', 'corridor_spread_lr'), 1),
                Part('wikitext2/small-1k', ('attention', 'corridor'), 1)),
         gpu_parts=(Part('openwebtext/gpt2_124m-long', DYNAMICS, 1),),
         figures='gamma_dynamics_figures'),
+    # Claims (a) and (c) in the one cell where (a) passed (Tiny Shakespeare, base size, p ≈ 0.012 over seeds 0-2),
+    # again with 8 seeds that no other study uses (they all start at seed 0 and use at most 8), named before the runs
+    # were read: reported as a replication whatever it shows.
+    'replication': Study(
+        "Replication of claims (a) and (c) at the base size on Tiny Shakespeare, 8 fresh seeds (100-107)",
+        parts=(Part('shakespeare_char/small', ('attention', 'corridor', 'gamma_nonneg'), 8, first_seed=100),),
+        gpu_parts=(),
+        figures='replication_figures'),
+    'ladder': Study(
+        "Claim (a) on a scale ladder at equal tokens per parameter: does the corridor's gain change with size?",
+        # six seeds where runs are minutes, three at the largest (~40 min each on a shared core)
+        parts=tuple(Part(f'shakespeare_char/{name}', ('attention', 'corridor'), 3 if name == 'ladder-l' else 6)
+                    for name in LADDER_SIZES),
+        gpu_parts=(),
+        figures='scales_figures'),
     'geometry': Study(
         "The two papers joined: does the corridor change the connection walk (drift, δ_orth, ‖A_eff‖_F, Gram "
         "dominance) beyond the seed spread, and does the change track γ during training?",
@@ -197,7 +254,8 @@ def plan_runs(parts, out_root, base, train_args, need_data=True):
         folder = os.path.join(out_root, part.setting) if part.setting else out_root
         if not os.path.isfile(config_file):
             raise UserError(f"base config {config_file!r} not found")
-        for seed in range(part.seeds):  # seed-major: every variant of seed 0 first, so pairs finish early
+        # seed-major: every variant of the first seed first, so pairs finish early
+        for seed in range(part.first_seed, part.first_seed + part.seeds):
             for spec in part.variants:
                 variant, variant_keys = parse_variant(spec)
                 out_dir = os.path.join(folder, f"{variant}-s{seed}")
@@ -221,26 +279,45 @@ def plan_runs(parts, out_root, base, train_args, need_data=True):
 PLAN_PEAK, PLAN_MFU = PEAK_FLOPS['H100']['bfloat16'], 0.40
 
 
+def dataset_vocab(config):
+    """The vocabulary a run will train with: its prepared data's meta.json, else GPT-2's for a BPE dataset, else
+    None (a character set is only known once prepared)."""
+    meta = os.path.join(config['data_root'], config['dataset'], 'meta.json')
+    if os.path.isfile(meta):
+        with open(meta) as f:
+            return json.load(f)['vocab_size']
+    return None if config['dataset'].endswith('_char') else 50257
+
+
 def print_plan(runs):
-    """Tokens, FLOPs and estimated H100 hours of the runs still to train, per setting: a GPU budget before the
-    GPU is rented. FLOPs per token as train.py's MFU counts them (6N + attention); the vocabulary is GPT-2's."""
+    """Parameters, tokens, FLOPs and estimated H100 hours of the runs still to train, per setting: a GPU budget before
+    the GPU is rented. FLOPs per token as train.py's MFU counts them (6N + attention)."""
     rows, total = {}, 0.0
     for (setting, _, _), (out_dir, args) in runs.items():
         config = parse_config(TRAIN_DEFAULTS, args)
+        vocab = dataset_vocab(config)
         with torch.device('meta'):  # the parameter count without allocating the weights
-            model = GPT(model_config({**config, 'vocab_size': 50257}))
+            model = GPT(model_config({**config, 'vocab_size': vocab or 50257}))
         tokens = config['max_iters'] * config['gradient_accumulation_steps'] * config['batch_size'] * config['block_size']
         hours = tokens * model.flops_per_token(config['block_size']) / (PLAN_MFU * PLAN_PEAK) / 3600
-        row = rows.setdefault(setting, dict(params=model.get_num_params(), tokens=tokens, hours=hours, runs=0, todo=0))
+        row = rows.setdefault(setting, dict(non_embedding=non_embedding_params(config), vocab=vocab,
+                                            params=model.get_num_params() if vocab else None,
+                                            tokens=tokens, hours=hours, runs=0, todo=0))
         row['runs'] += 1
         if run_state(out_dir) != 'done':
             row['todo'] += 1
             total += hours
-    print("| setting | parameters | tokens per run | H100 hours per run (est.) | runs | to train |\n"
-          "|---|---|---|---|---|---|")
+    print("non-embedding: without the token and position embeddings; as train.py counts: with the token embedding "
+          "(tied to the output layer) for the dataset's vocabulary, without the position embeddings, as the README's "
+          "tables\n\n| setting | non-embedding parameters | as train.py counts (vocabulary) | tokens per run | "
+          "H100 hours per run (est.) | runs | to train |\n|---|---|---|---|---|---|---|")
     for setting, r in rows.items():
-        print(f"| {setting} | {r['params'] / 1e6:.1f}M | {r['tokens'] / 1e9:.2f}B | {r['hours']:.2f} | {r['runs']} | {r['todo']} |")
-    print(f"\ntotal to train: {total:.1f} H100 hours (at {PLAN_MFU:.0%} MFU of {PLAN_PEAK / 1e12:.0f} TFLOP/s bf16)")
+        counted = f"{r['params'] / 1e6:.2f}M ({r['vocab']:,})" if r['params'] else 'its data not prepared yet'
+        tokens = f"{r['tokens'] / 1e9:.2f}B" if r['tokens'] >= 1e9 else f"{r['tokens'] / 1e6:.2f}M"
+        print(f"| {setting} | {r['non_embedding'] / 1e6:.2f}M | {counted} | {tokens} ({r['tokens'] / r['non_embedding']:.3g} "
+              f"per non-embedding parameter) | {r['hours']:.3g} | "
+              f"{r['runs']} | {r['todo']} |")
+    print(f"\ntotal to train: {total:.3g} H100 hours (at {PLAN_MFU:.0%} MFU of {PLAN_PEAK / 1e12:.0f} TFLOP/s bf16)")
 
 
 def train_all(runs, parallel):
@@ -279,40 +356,203 @@ def train_all(runs, parallel):
 
 # ------------------------------------------------------------------------------------------------ statistics
 
-# Student's t at 97.5 % for 1 … 30 degrees of freedom (the two-sided 5 % test below); beyond 30, 30's
-T_CRITICAL = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-              2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+# The t distribution without scipy: its CDF through the regularized incomplete beta function (continued fraction,
+# Numerical Recipes §6.4), quantiles by bisection, and the power of the two-sided paired t-test from the
+# noncentral t, integrated over the chi distribution of the sample SD.
+
+def incomplete_beta(a, b, x):
+    """The regularized incomplete beta function I_x(a, b), 0 ≤ x ≤ 1."""
+    if x <= 0 or x >= 1:
+        return float(x >= 1)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x > (a + 1) / (a + b + 2):  # the continued fraction converges fast only below this point: use the symmetry
+        return 1 - incomplete_beta(b, a, 1 - x)
+    tiny, c, d = 1e-300, 1.0, 1 - (a + b) * x / (a + 1)  # Lentz's method
+    d = 1 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1 + numerator * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1) < 1e-15:
+            break
+    return front * f / a
 
 
-def paired_verdict(differences):
-    """(mean, std, verdict) of paired differences (one per seed): 'lower' / 'higher' when a two-sided paired
-    t-test rejects "no difference" at 5 %, |mean| > t(n−1) · std / √n; otherwise 'inconclusive' (the difference is
-    inside the seed spread). With 3 seeds that asks for |mean| > 2.48 std, with 8 for |mean| > 0.84 std."""
-    n = len(differences)
-    if n == 0:
-        return float('nan'), float('nan'), 'not measured'
-    mean = statistics.fmean(differences)
-    if n < 2:
-        return mean, float('nan'), 'inconclusive'
-    std = statistics.stdev(differences)
-    t = T_CRITICAL[min(n - 2, len(T_CRITICAL) - 1)]  # beyond 30 degrees of freedom: 30's (slightly strict)
-    if abs(mean) > t * std / math.sqrt(n):
-        return mean, std, 'lower' if mean < 0 else 'higher'
-    return mean, std, 'inconclusive'
+def t_two_sided_p(t, df):
+    """P(|T| ≥ |t|) for Student's t with df degrees of freedom."""
+    return incomplete_beta(df / 2, 0.5, df / (df + t * t)) if math.isfinite(t) else 0.0
+
+
+@functools.lru_cache(maxsize=None)  # the power's bisection asks for the same quantile many times
+def t_quantile(q, df):
+    """The q-quantile of Student's t (0.5 < q < 1), by bisection on the CDF."""
+    low, high = 0.0, 1e7
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if 1 - t_two_sided_p(mid, df) / 2 < q else (low, mid)
+    return (low + high) / 2
+
+
+def t_test_power(shift, df, alpha=0.05):
+    """Power of the two-sided t-test at level alpha when the true mean is `shift` standard errors from 0: the
+    noncentral t (Z + shift) / S, S = sqrt(χ²_df / df), integrated over S (Simpson's rule in u = √χ²_df, whose
+    density u^(df−1)·e^(−u²/2) is smooth at 0 for every df ≥ 1)."""
+    critical = t_quantile(1 - alpha / 2, df)
+    phi = lambda z: 0.5 * math.erfc(-z / math.sqrt(2))
+    log_norm = (1 - df / 2) * math.log(2) - math.lgamma(df / 2)
+    top, steps = math.sqrt(df) + 12, 400
+    total = 0.0
+    for i in range(steps + 1):
+        u = top * i / steps
+        weight = 1 if i in (0, steps) else 4 if i % 2 else 2
+        density = math.exp(log_norm + (df - 1) * math.log(u) - u * u / 2) if u > 0 else float(df == 1) * math.exp(log_norm)
+        s = u / math.sqrt(df)
+        total += weight * density * (phi(shift - critical * s) + phi(-shift - critical * s))
+    return total * top / steps / 3
+
+
+def min_detectable_effect(sd, n, power=0.8, alpha=0.05):
+    """The smallest true mean difference a two-sided paired t-test over n pairs with this SD detects with the
+    given power (the exact noncentral t; bisection on the shift)."""
+    if n < 2 or not sd > 0:
+        return float('nan')
+    low, high = 0.0, 100.0
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if t_test_power(mid, n - 1, alpha) < power else (low, mid)
+    return (low + high) / 2 * sd / math.sqrt(n)
+
+
+class PairedTest(NamedTuple):
+    n: int
+    mean: float
+    sd: float
+    low: float           # the mean's 95 % confidence interval
+    high: float
+    p: float             # two-sided paired t-test of "no difference"
+    mde: float           # the smallest effect detectable at 80 % power, two-sided 5 %, given this SD and n
+
+
+def summary_test(mean, sd, n):
+    """The paired test from a summary (mean and SD of the n paired differences): what a reader can recompute."""
+    if n < 2 or not math.isfinite(sd):
+        return PairedTest(n, mean, float('nan'), float('nan'), float('nan'), float('nan'), float('nan'))
+    se = sd / math.sqrt(n)
+    half = t_quantile(0.975, n - 1) * se
+    p = t_two_sided_p(mean / se, n - 1) if se > 0 else float(mean == 0)
+    return PairedTest(n, mean, sd, mean - half, mean + half, p, min_detectable_effect(sd, n))
+
+
+def paired_test(differences):
+    """The paired test of a list of differences, one per seed."""
+    if not differences:
+        return PairedTest(0, float('nan'), float('nan'), float('nan'), float('nan'), float('nan'), float('nan'))
+    return summary_test(statistics.fmean(differences),
+                        statistics.stdev(differences) if len(differences) > 1 else float('nan'), len(differences))
+
+
+def holm(p_values):
+    """Holm's step-down adjustment: the k-th smallest of m p-values times (m − k + 1), kept monotone, at most 1."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def verdict(test, p_adjusted):
+    """'lower' / 'higher' when the Holm-adjusted p is below 5 %; otherwise 'inconclusive, no effect larger than X',
+    X the 95 % CI's bound farthest from zero (the data's own bound, unlike the MDE, which is the design's)."""
+    if test.n == 0:
+        return 'not measured'
+    if not math.isfinite(test.p):
+        return 'inconclusive (one seed)'
+    if p_adjusted < 0.05:
+        return 'lower' if test.mean < 0 else 'higher'
+    return f"inconclusive, no effect larger than {max(abs(test.low), abs(test.high)):.2g}"
+
+
+def fmt_p(p):
+    return '–' if not math.isfinite(p) else '<0.001' if p < 0.001 else f'{p:.3f}'
+
+
+class Tests:
+    """Every paired test of one report. A family's Holm adjustment needs all of its p-values, so a cell is written
+    as a placeholder when the test is added and filled in once the report is complete."""
+
+    def __init__(self):
+        self.tests = []
+
+    def add(self, family, label, differences):
+        """A placeholder for the test's cell; a test shown twice (a table and a claim's line) counts once."""
+        if not differences:
+            return 'not measured'
+        for i, t in enumerate(self.tests):
+            if (t['family'], t['label']) == (family, label):
+                return f'\x00{i}\x00'
+        self.tests.append(dict(family=family, label=label, differences=list(differences),
+                               **paired_test(list(differences))._asdict()))
+        return f'\x00{len(self.tests) - 1}\x00'
+
+    def finish(self):
+        for family in dict.fromkeys(t['family'] for t in self.tests):
+            members = [t for t in self.tests if t['family'] == family and math.isfinite(t['p'])]
+            for t, adjusted in zip(members, holm([t['p'] for t in members])):
+                t['p_holm'], t['family_size'] = adjusted, len(members)
+        for t in self.tests:
+            t.setdefault('p_holm', float('nan'))
+            t.setdefault('family_size', 0)
+            t['verdict'] = verdict(PairedTest(*(t[k] for k in PairedTest._fields)), t['p_holm'])
+
+    def cell(self, t):
+        if t['n'] < 2:
+            return f"{t['mean']:+.3g} (n = {t['n']}): {t['verdict']}"
+        words = f"**{t['verdict']}**" if t['verdict'] in ('lower', 'higher') else t['verdict']
+        return (f"{t['mean']:+.3g} [{t['low']:+.2g}, {t['high']:+.2g}], p {fmt_p(t['p'])}, Holm {fmt_p(t['p_holm'])}, "
+                f"MDE {t['mde']:.2g}: {words}")
+
+    def fill(self, text):
+        return re.sub('\x00(\\d+)\x00', lambda m: self.cell(self.tests[int(m[1])]), text)
+
+
+def ci_half_width(differences):
+    """Half the 95 % CI of the mean of a list of differences (the figures' error bars); 0 for one value."""
+    test = paired_test(list(differences))
+    return (test.high - test.low) / 2 if test.n > 1 else 0.0
+
+
+def family(study, a, b):
+    """The Holm family of the loss test a − b in a study: the same comparison across the study's settings (corpora,
+    sizes), except the fixed-γ grid, which is one family (picking the best of seven γ is part of claim (d))."""
+    if study.startswith('fixed_gamma') and a.startswith('fixed_gamma'):
+        return 'every fixed γ − attention, every setting'
+    return f'{a} − {b}, every setting'
+
+
+def paired_differences(loaded, a, b):
+    """val(a) − val(b) at the final evaluation, over the seeds both finished, in seed order."""
+    seeds = sorted(s for v, s in loaded if v == a and (b, s) in loaded)
+    return [loaded[(a, s)]['log'][-1]['val_loss'] - loaded[(b, s)]['log'][-1]['val_loss'] for s in seeds]
 
 
 def summarize(loaded, variants):
-    """Per variant of one setting: final val losses by seed, their mean/std, the paired difference to attention,
+    """Per variant of one setting: final val losses by seed, their mean/SD, the paired differences to attention,
     corridor occupancy (all heads, by layer, layers after the first) and mean γ, δ."""
-    final = {(v, s): run['log'][-1]['val_loss'] for (v, s), run in loaded.items()}
     summary = {}
     for variant in variants:
         seeds = sorted(s for v, s in loaded if v == variant)
         if not seeds:
             continue
-        values = [final[(variant, s)] for s in seeds]
+        values = [loaded[(variant, s)]['log'][-1]['val_loss'] for s in seeds]
         occupancy = [occupancy_report(loaded[(variant, s)]['gamma'], loaded[(variant, s)]['delta']) for s in seeds]
         n_layer = len(occupancy[0]['layers'])
+        first = loaded[(variant, seeds[0])]
         entry = dict(seeds=seeds, val_loss=values, mean=statistics.fmean(values),
                      std=statistics.stdev(values) if len(values) > 1 else float('nan'),
                      occupancy=statistics.fmean(o['occupancy'] for o in occupancy),
@@ -321,31 +561,25 @@ def summarize(loaded, variants):
                      occupancy_beyond_first=statistics.fmean(o['occupancy_beyond_first'] or 0 for o in occupancy),
                      gamma_mean=statistics.fmean(loaded[(variant, s)]['gamma'].mean().item() for s in seeds),
                      delta_mean=statistics.fmean(loaded[(variant, s)]['delta'].mean().item() for s in seeds),
-                     params=loaded[(variant, seeds[0])]['params'], tokens=loaded[(variant, seeds[0])]['log'][-1]['tokens'],
-                     operator_scalars=loaded[(variant, seeds[0])]['config']['operator'] != 'attention')
+                     params=first['params'], non_embedding_params=non_embedding_params(first['config']),
+                     tokens=first['log'][-1]['tokens'], operator_scalars=first['config']['operator'] != 'attention')
         if variant != 'attention':
-            paired = [s for s in seeds if ('attention', s) in final]
-            entry['vs_attention'] = paired_verdict([final[(variant, s)] - final[('attention', s)] for s in paired])
+            entry['vs_attention_differences'] = paired_differences(loaded, variant, 'attention')
+            entry['vs_attention'] = paired_test(entry['vs_attention_differences'])._asdict()
         summary[variant] = entry
     return summary
 
 
-def paired(loaded, a, b):
-    """(mean, std, verdict) of val(a) − val(b) over the seeds both finished."""
-    seeds = [s for v, s in loaded if v == a and (b, s) in loaded]
-    return paired_verdict([loaded[(a, s)]['log'][-1]['val_loss'] - loaded[(b, s)]['log'][-1]['val_loss']
-                           for s in seeds])
-
-
-def table(summary):
+def table(setting, summary, tests, study):
     """The markdown table of one setting's variants."""
     n_layer = max(len(e['occupancy_by_layer']) for e in summary.values())
-    rows = ["| variant | seeds | val loss mean ± std | − attention, paired | verdict | mean γ, δ | in corridor | " +
-            ' | '.join(f'L{i}' for i in range(n_layer)) + ' |', '|---|---|---|---|---|---|---|' + '---|' * n_layer]
+    rows = ["| variant | seeds | val loss mean ± SD | − attention, paired: mean [95 % CI], p, Holm p, MDE: verdict | "
+            "mean γ, δ | in corridor | " + ' | '.join(f'L{i}' for i in range(n_layer)) + ' |',
+            '|---|---|---|---|---|---|' + '---|' * n_layer]
     for variant, e in summary.items():
-        diff = e.get('vs_attention')
-        cells = [variant, str(len(e['seeds'])), f"{e['mean']:.4f} ± {e['std']:.4f}",
-                 f"{diff[0]:+.4f} ± {diff[1]:.4f}" if diff else '–', diff[2] if diff else '–']
+        diff = tests.add(family(study, variant, 'attention'), f'{setting}: {variant} − attention',
+                         e['vs_attention_differences']) if variant != 'attention' else '–'
+        cells = [variant, str(len(e['seeds'])), f"{e['mean']:.4f} ± {e['std']:.4f}", diff]
         if e['operator_scalars']:
             cells += [f"{e['gamma_mean']:+.3f}, {e['delta_mean']:.3f}", f"{e['occupancy']:.0%}",
                       *(f'{x:.0%}' for x in e['occupancy_by_layer'])]
@@ -355,35 +589,46 @@ def table(summary):
     return '\n'.join(rows)
 
 
-def fmt(result):
-    mean, std, verdict = result
-    return f"{mean:+.4f} ± {std:.4f} → **{verdict}**" if verdict != 'not measured' else 'not measured'
+def line_fit(xs, ys):
+    """Least squares y = a + b·x: (b, its 95 % CI low, high, p of b = 0, n), from the t distribution on n − 2
+    degrees of freedom; NaNs when fewer than 3 points or one x."""
+    n = len(xs)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if n < 3 or sxx == 0:
+        return (float('nan'),) * 4 + (n,)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys)) / (n - 2)
+    se = math.sqrt(residual / sxx)
+    half = t_quantile(0.975, n - 2) * se
+    return slope, slope - half, slope + half, t_two_sided_p(slope / se, n - 2) if se > 0 else 0.0, n
 
 
 # ------------------------------------------------------------------------------------------------ figures
 
 def plot_sweep_losses(loaded, variants, path, title):
     """Validation loss of every variant (mean over seeds) and, beside it, its difference to attention paired by
-    seed (mean ± std): the differences are far smaller than the curves' own fall."""
+    seed (mean and its 95 % CI): the differences are far smaller than the curves' own fall."""
     seeds = sorted({s for v, s in loaded if v == 'attention'})
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for i, v in enumerate(variants):
         common = [s for s in seeds if (v, s) in loaded]
         if not common:
             continue
-        curves = torch.tensor([[e['val_loss'] for e in loaded[(v, s)]['log']] for s in common])
+        curves = torch.tensor([[e['val_loss'] for e in loaded[(v, s)]['log']] for s in common], dtype=torch.float64)
         tokens = [e['tokens'] / 1e6 for e in loaded[(v, common[0])]['log']]
         skip = 1 if len(tokens) > 2 else 0  # the first evaluation (ln vocab) would flatten the rest of the curves
         axes[0].plot(tokens[skip:], curves.mean(0)[skip:].tolist(), marker='.', color=f'C{i % 10}', label=v)
         if v != 'attention':
-            diff = curves - torch.tensor([[e['val_loss'] for e in loaded[('attention', s)]['log']] for s in common])
-            spread = diff.std(0) if len(common) > 1 else torch.zeros(len(tokens))
-            axes[1].errorbar(tokens[skip:], diff.mean(0)[skip:].tolist(), yerr=spread[skip:].tolist(), marker='.',
+            diff = curves - torch.tensor([[e['val_loss'] for e in loaded[('attention', s)]['log']] for s in common],
+                                         dtype=torch.float64)
+            ci = [ci_half_width(diff[:, j].tolist()) for j in range(len(tokens))]
+            axes[1].errorbar(tokens[skip:], diff.mean(0)[skip:].tolist(), yerr=ci[skip:], marker='.',
                              capsize=2, color=f'C{i % 10}', label=v)
     axes[0].set_title(f'{title}: validation loss, mean over seeds', fontsize=10)
     axes[0].set_ylabel('loss (nats per token)')
     axes[1].axhline(0, color='black', lw=0.8)
-    axes[1].set_title('difference to attention, paired by seed (mean ± std)', fontsize=10)
+    axes[1].set_title('difference to attention, paired by seed (mean, 95 % CI)', fontsize=10)
     axes[1].set_ylabel('Δ loss (nats per token)')
     for ax in axes:
         ax.set_xlabel('tokens seen (millions)')
@@ -413,23 +658,45 @@ def setting_figures(setting, loaded, summary, out):
                          os.path.join(folder, 'gamma_delta.png'))
 
 
-def claims_figures(results, out):
+def claims_figures(results, out, tests, study):
     """The paper's four claims, per setting."""
     lines = []
     for setting, (loaded, summary) in results.items():
         corridor = summary.get('corridor')
+
+        def test(a, b):
+            return tests.add(family(study, a, b), f'{setting}: {a} − {b}', paired_differences(loaded, a, b))
         lines += [f"### Claims on {setting}", '',
-                  f"- a: learnable δ(γI+P) lowers val loss vs attention: {fmt(paired(loaded, 'corridor', 'attention'))}",
+                  f"- a: learnable δ(γI+P) lowers val loss vs attention: {test('corridor', 'attention')}",
                   "- b: heads beyond the first layer in −1 < γ < 0: " +
                   (f"{corridor['occupancy_beyond_first']:.0%} (mean γ {corridor['gamma_mean']:+.3f})" if corridor else 'not measured'),
-                  f"- c: γ ≥ 0 raises val loss vs learnable γ: {fmt(paired(loaded, 'gamma_nonneg', 'corridor'))}",
-                  f"- d: fixed γ = −0.5, δ = 1 beats attention: {fmt(paired(loaded, 'fixed_gamma', 'attention'))}",
-                  f"- the forms alike: α0·I + α1·P − corridor {fmt(paired(loaded, 'alpha', 'corridor'))}; "
-                  f"αP + β(I − P) − corridor {fmt(paired(loaded, 'alpha_beta', 'corridor'))}", '']
+                  f"- c: γ ≥ 0 raises val loss vs learnable γ: {test('gamma_nonneg', 'corridor')}",
+                  f"- d: fixed γ = −0.5, δ = 1 beats attention: {test('fixed_gamma', 'attention')}",
+                  f"- the forms alike: α0·I + α1·P − corridor {test('alpha', 'corridor')}; "
+                  f"αP + β(I − P) − corridor {test('alpha_beta', 'corridor')}", '']
     return lines
 
 
-def fixed_gamma_figures(results, out):
+# the cells the replication repeats, as the claims study measured them (seeds 0-2; README, commit a7c0eb5)
+REPLICATED = {'corridor − attention': (-0.0031, 0.0006, 3), 'gamma_nonneg − corridor': (+0.0036, 0.0003, 3)}
+
+
+def replication_figures(results, out, tests, study):
+    """Each primary test beside the cell it replicates. Named before the runs were read; reported whatever it shows."""
+    lines = ["### The replication's primary tests (each alone in its family)", '',
+             "| claim | test | original, seeds 0-2 (mean [95 % CI], p) | replication, fresh seeds: mean [95 % CI], p, "
+             "Holm p, MDE: verdict |", '|---|---|---|---|']
+    for setting, (loaded, summary) in results.items():
+        for claim, (a, b) in (('(a)', ('corridor', 'attention')), ('(c)', ('gamma_nonneg', 'corridor'))):
+            label = f'{a} − {b}'
+            original = summary_test(*REPLICATED[label])
+            cell = tests.add(family(study, a, b), f'{setting}: {label}', paired_differences(loaded, a, b))
+            lines.append(f"| {claim} | {setting}: {label} | {original.mean:+.4f} [{original.low:+.4f}, "
+                         f"{original.high:+.4f}], p {fmt_p(original.p)} | {cell} |")
+    return lines + ['']
+
+
+def fixed_gamma_figures(results, out, tests, study):
     """Δ val loss against the fixed γ, one panel per setting, the learnable corridor's mean γ marked."""
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 3.8), squeeze=False)
     lines = ["### Fixed γ (δ = 1) against attention, paired by seed", '',
@@ -437,57 +704,73 @@ def fixed_gamma_figures(results, out):
              '|---|' + '---|' * (len(FIXED_GAMMAS) + 1)]
     for ax, (setting, (loaded, summary)) in zip(axes[0], results.items()):
         names = {g: parse_variant(f'fixed_gamma={g}')[0] for g in FIXED_GAMMAS}
-        points = [(g, summary[names[g]]['vs_attention']) for g in FIXED_GAMMAS if names[g] in summary]
+        points = [(g, summary[names[g]]) for g in FIXED_GAMMAS if names[g] in summary]
         ax.axhline(0, color='black', lw=0.8)
         ax.axvspan(-1, 0, color='tab:green', alpha=0.08)
         if points:
-            ax.errorbar([g for g, _ in points], [d[0] for _, d in points], yerr=[d[1] for _, d in points], marker='o',
-                        capsize=3, label='fixed γ, δ = 1 (mean ± std over seeds)')
+            ax.errorbar([g for g, _ in points], [e['vs_attention']['mean'] for _, e in points],
+                        yerr=[ci_half_width(e['vs_attention_differences']) for _, e in points], marker='o',
+                        capsize=3, label='fixed γ, δ = 1 (mean, 95 % CI over seeds)')
         corridor = summary.get('corridor')
         if corridor:
-            d = corridor['vs_attention']
-            ax.errorbar([corridor['gamma_mean']], [d[0]], yerr=[d[1]], marker='*', markersize=12, color='tab:red',
-                        capsize=3, ls='none', label=f"learnable corridor (final mean γ {corridor['gamma_mean']:+.2f})")
+            ax.errorbar([corridor['gamma_mean']], [corridor['vs_attention']['mean']],
+                        yerr=[ci_half_width(corridor['vs_attention_differences'])], marker='*', markersize=12,
+                        color='tab:red', capsize=3, ls='none',
+                        label=f"learnable corridor (final mean γ {corridor['gamma_mean']:+.2f})")
         ax.set_xlabel('γ')
         ax.set_ylabel('val loss − attention (nats per token)')
         ax.set_title(setting, fontsize=10)
         ax.legend(fontsize=7)
-        done = dict(points)
-        cells = [f"{done[g][0]:+.4f} ± {done[g][1]:.4f} {done[g][2]}" if g in done else '–' for g in FIXED_GAMMAS]
-        lines.append(f"| {setting} | " + ' | '.join(cells) +
-                     (f" | {fmt(corridor['vs_attention'])} (γ̄ {corridor['gamma_mean']:+.3f})" if corridor else ' | –') + ' |')
-    fig.suptitle('Claim (d): does some fixed γ inside the corridor beat attention?', fontsize=11)
+        cells = [tests.add(family(study, names[g], 'attention'), f'{setting}: {names[g]} − attention',
+                           summary[names[g]]['vs_attention_differences']) if names[g] in summary else '–'
+                 for g in FIXED_GAMMAS]
+        cells.append(tests.add(family(study, 'corridor', 'attention'), f'{setting}: corridor − attention',
+                               corridor['vs_attention_differences']) + f" (γ̄ {corridor['gamma_mean']:+.3f})"
+                     if corridor else '–')
+        lines.append(f"| {setting} | " + ' | '.join(cells) + ' |')
+    fig.suptitle('Claim (d): does some fixed γ inside the corridor beat attention? (95 % CIs)', fontsize=11)
     save(fig, os.path.join(out, 'fixed_gamma.png'))
     return lines + ['', '![fixed γ](fixed_gamma.png)', '']
 
 
-def scales_figures(results, out):
-    """Δ val loss (corridor − attention) against parameters per corpus; occupancy by layer against size."""
+def scales_figures(results, out, tests, study):
+    """Δ val loss (corridor − attention) against non-embedding parameters per corpus, with a line fitted to every
+    seed's difference against log10(parameters); occupancy by layer against size."""
     corpora = list(dict.fromkeys(s.split('/')[0] for s in results))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     lines = ["### The learnable corridor against attention by model size", '',
-             "| setting | parameters | tokens | − attention, paired | verdict | in corridor (layers ≥ 1) | mean γ |",
-             '|---|---|---|---|---|---|---|']
+             "| setting | non-embedding parameters | tokens | tokens per parameter | corridor − attention: mean "
+             "[95 % CI], p, Holm p, MDE: verdict | in corridor (layers ≥ 1) | mean γ |", '|---|---|---|---|---|---|---|']
+    fits = []
     for i, corpus in enumerate(corpora):
-        points = []
-        for setting, (loaded, summary) in results.items():
-            if setting.split('/')[0] != corpus or 'corridor' not in summary:
-                continue
-            c = summary['corridor']
-            points.append((c['params'], c['vs_attention'], c, setting))
-        points.sort(key=lambda p: p[0])
-        axes[0].errorbar([p[0] for p in points], [p[1][0] for p in points], yerr=[p[1][1] for p in points],
-                         marker='o', capsize=3, color=f'C{i}', label=corpus)
-        for n, (params, d, c, setting) in enumerate(points):
+        points = sorted((summary['corridor']['non_embedding_params'], setting, summary['corridor'])
+                        for setting, (_, summary) in results.items()
+                        if setting.split('/')[0] == corpus and 'corridor' in summary)
+        axes[0].errorbar([p for p, _, _ in points], [c['vs_attention']['mean'] for _, _, c in points],
+                         yerr=[ci_half_width(c['vs_attention_differences']) for _, _, c in points],
+                         marker='o', capsize=3, color=f'C{i}', label=f'{corpus} (mean, 95 % CI)')
+        for n, (params, setting, c) in enumerate(points):
             axes[1].plot(range(len(c['occupancy_by_layer'])), c['occupancy_by_layer'], marker='o', color=f'C{i}',
                          alpha=0.4 + 0.6 * (n + 1) / len(points), label=f"{corpus}, {params / 1e6:.2f}M")
-            lines.append(f"| {setting} | {params / 1e6:.2f}M | {c['tokens'] / 1e6:.2f}M | {d[0]:+.4f} ± {d[1]:.4f} | "
-                         f"{d[2]} | {c['occupancy_beyond_first']:.0%} | {c['gamma_mean']:+.3f} |")
+            cell = tests.add(family(study, 'corridor', 'attention'), f'{setting}: corridor − attention',
+                             c['vs_attention_differences'])
+            lines.append(f"| {setting} | {params / 1e6:.2f}M | {c['tokens'] / 1e6:.2f}M | {c['tokens'] / params:.1f} | "
+                         f"{cell} | {c['occupancy_beyond_first']:.0%} | {c['gamma_mean']:+.3f} |")
+        xs = [math.log10(p) for p, _, c in points for _ in c['vs_attention_differences']]
+        ys = [d for _, _, c in points for d in c['vs_attention_differences']]
+        slope, low, high, p, n = line_fit(xs, ys)
+        if math.isfinite(slope):
+            fits.append(f"- {corpus}: corridor − attention changes by {slope:+.4f} per tenfold parameters, 95 % CI "
+                        f"[{low:+.4f}, {high:+.4f}], p {fmt_p(p)} (least squares over {n} seed pairs at "
+                        f"{len(points)} sizes; a negative slope: the gain grows with size)")
+            grid = torch.linspace(min(xs), max(xs), 20, dtype=torch.float64)
+            axes[0].plot((10 ** grid).tolist(), (statistics.fmean(ys) + slope * (grid - statistics.fmean(xs))).tolist(),
+                         ls='--', color=f'C{i}', lw=0.8)
     axes[0].axhline(0, color='black', lw=0.8)
     axes[0].set_xscale('log')
-    axes[0].set_xlabel('parameters (as train.py counts them)')
-    axes[0].set_ylabel('corridor − attention val loss (mean ± std)')
-    axes[0].set_title('Claim (a) across model sizes', fontsize=10)
+    axes[0].set_xlabel('non-embedding parameters')
+    axes[0].set_ylabel('corridor − attention val loss')
+    axes[0].set_title('Claim (a) across model sizes (dashed: least-squares fit)', fontsize=10)
     axes[0].legend(fontsize=8)
     axes[1].set_ylim(-0.05, 1.05)
     axes[1].set_xlabel('layer')
@@ -495,19 +778,28 @@ def scales_figures(results, out):
     axes[1].set_title('Corridor occupancy by layer, by size', fontsize=10)
     axes[1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
     save(fig, os.path.join(out, 'scales.png'))
-    return lines + ['', '![scales](scales.png)', '']
+    fits = ["The gain against size: " if fits else "The gain against size: fewer than two sizes finished.", *fits]
+    return lines + ['', *fits, '', '![scales](scales.png)', '']
 
 
-def gamma_dynamics_figures(results, out):
-    """Where γ settles: every head's γ against tokens (per variant), occupancy over time, the loss gap to
-    attention over time, and a table of where γ ends, layer 0 against the later layers."""
+DEEP = -0.05  # claim (b)'s "inside the corridor", read strictly: a head at γ = −0.01 is hardly off attention
+
+
+def gamma_dynamics_figures(results, out, tests, study):
+    """Where γ settles: every head's γ against tokens (per variant), occupancy over time, and per seed and layer the
+    fraction of heads with −1 < γ < −0.05 at the end, and how far the heads still move in the last quarter."""
     lines = ["### Where γ settles", '',
-             "| setting | variant | seed | γ̄ layer 0 | γ̄ layers ≥ 1 | γ range | in corridor, layer 0 | layers ≥ 1 | "
-             "mean |Δγ| over the last quarter | val − attention |", '|---|---|---|---|---|---|---|---|---|---|']
+             f"Per seed: the fraction of heads with −1 < γ < {DEEP} at the end of training, by layer; the mean γ of "
+             "layer 0 and of the later layers; settling: the largest range of γ over the last quarter's evaluations, "
+             "over all heads (the head that moves most); the loss gap to attention with the same seed.", '',
+             f"| setting | variant | seed | −1 < γ < {DEEP}, by layer | γ̄ layer 0 | γ̄ layers ≥ 1 | γ range | "
+             "largest γ range in the last quarter | val − attention |", '|---|---|---|---|---|---|---|---|---|']
+    summaries, images = [], []
     for setting, (loaded, summary) in results.items():
         learnable = [v for v in summary if summary[v]['operator_scalars']]
         fig, axes = plt.subplots(2, max(1, len(learnable)), figsize=(4 * max(1, len(learnable)), 6.4), squeeze=False)
         for col, v in enumerate(learnable):
+            deep_beyond_first = []
             for s in summary[v]['seeds']:
                 log = loaded[(v, s)]['log']
                 tokens = [e['tokens'] / 1e6 for e in log]
@@ -521,12 +813,24 @@ def gamma_dynamics_figures(results, out):
                 axes[1][col].plot(tokens, in_corridor(gamma[:, 1:]).float().mean((1, 2)).tolist(), label=f'layers ≥ 1, seed {s}')
                 axes[1][col].plot(tokens, in_corridor(gamma[:, 0]).float().mean(1).tolist(), ls='--', label=f'layer 0, seed {s}')
                 last = gamma[-1]
-                quarter = gamma[int(0.75 * (len(log) - 1))]
+                deep = ((last > -1) & (last < DEEP)).float()
+                deep_beyond_first.append(deep[1:].mean().item())
+                tail = gamma[int(0.75 * (len(log) - 1)):]  # the evaluations of the last quarter
+                settling = (tail.max(0).values - tail.min(0).values).max().item()
                 gap = loaded[(v, s)]['log'][-1]['val_loss'] - loaded[('attention', s)]['log'][-1]['val_loss'] \
                     if ('attention', s) in loaded else float('nan')
-                lines.append(f"| {setting} | {v} | {s} | {last[0].mean():+.3f} | {last[1:].mean():+.3f} | "
-                             f"[{last.min():+.2f}, {last.max():+.2f}] | {in_corridor(last[0]).float().mean():.0%} | "
-                             f"{in_corridor(last[1:]).float().mean():.0%} | {(last - quarter).abs().mean():.4f} | {gap:+.4f} |")
+                lines.append(f"| {setting} | {v} | {s} | {' / '.join(f'{x:.0%}' for x in deep.mean(1).tolist())} | "
+                             f"{last[0].mean():+.3f} | {last[1:].mean():+.3f} | [{last.min():+.2f}, {last.max():+.2f}] | "
+                             f"{settling:.3f} | {gap:+.4f} |")
+            fraction = paired_test(deep_beyond_first)
+            gap = tests.add(family(study, v, 'attention'), f'{setting}: {v} − attention',
+                            paired_differences(loaded, v, 'attention'))
+            summaries.append(
+                f"- {setting}, {v}: heads beyond layer 0 with −1 < γ < {DEEP}: {fraction.mean:.0%} over "
+                f"{fraction.n} seed(s)" + (f", 95 % CI [{fraction.low:.0%}, {fraction.high:.0%}]"
+                                           if fraction.n > 1 and fraction.sd > 0 else
+                                           ' (no spread between seeds)' if fraction.n > 1 else '') +
+                (f"; val − attention {gap}" if 'attention' in summary else ''))
             axes[0][col].set_title(f'{v}: γ of every head', fontsize=9)
             axes[1][col].set_ylim(-0.05, 1.05)
             axes[1][col].set_title('fraction in the corridor', fontsize=9)
@@ -537,18 +841,21 @@ def gamma_dynamics_figures(results, out):
         fig.suptitle(f'Claim (b): where γ settles, {setting}', fontsize=11)
         name = f"gamma_dynamics_{setting.replace('/', '_')}.png"
         save(fig, os.path.join(out, name))
-        lines += ['', f'![γ dynamics, {setting}]({name})', '']
-    return lines
+        images += [f'![γ dynamics, {setting}]({name})', '']
+    return lines + ['', 'Across seeds:', '', *summaries, '', *images]
 
 
-def geometry_figures(results, out):
+def geometry_figures(results, out, tests, study):
     """The connection walk of every variant against attention's, paired by seed: per depth regime at the end of
     training (the attention part, and the full operator c_I·I + c_P·P), during training, and against γ."""
     lines = ["### The connection walk against attention's", '',
              "Final evaluation, per depth regime (initial 20 % of layers, middle, final 20 %): attention's value "
              "(mean over seeds) and each variant's difference to it, paired by seed, for the attention part P of "
-             "the variant and for its full operator c_I·I + c_P·P. r: correlation over evaluations and seeds "
-             "between the learnable corridor's difference (full operator, all layers) and its mean γ.", '']
+             "the variant and for its full operator c_I·I + c_P·P. Holm families: one per variant and part, over "
+             "every diagnostic × regime × setting. Does the difference track γ? Per learnable-corridor run, the "
+             "least-squares slope of the full operator's difference (all layers) on the layer-mean γ over the "
+             "evaluations after the first (the shared start at γ = 0 left out), tested across seeds; and one point "
+             "per run (final evaluation) for the correlation across the corridor and fixed-γ runs.", '']
     for setting, (loaded, summary) in results.items():
         # pair by seed the finished runs that logged their walk (a study may be partway, a run may lack walk_interval)
         logged = {key for key, run in loaded.items() if walk_series(run['log'], 'attention', 'drift') is not None}
@@ -574,17 +881,18 @@ def geometry_figures(results, out):
                 for v in variants:
                     for part in ('attention', 'operator'):
                         diffs = [final(v, s, part, key)[regime] - base[s] for s in seeds[v]]
-                        mean, std, verdict = paired_verdict(diffs)
-                        cells.append(f"{mean:+.3g} ± {std:.2g} {verdict}")
+                        part_name = 'P' if part == 'attention' else 'operator'
+                        cells.append(tests.add(f'geometry, {v}: {part_name}, every diagnostic × regime × setting',
+                                               f'{setting}: {name}, {regime}, {v}: {part_name} − attention', diffs))
                 lines.append(f"| {name} | {regime} | " + ' | '.join(cells) + ' |')
         lines.append('')
 
-        # the learnable corridor's difference to attention, evaluation by evaluation, against its mean γ
+        # the full operator's difference to attention against γ: per-run slopes (corridor), one point per run (all)
         fig, axes = plt.subplots(1, len(WALK_PANELS), figsize=(4 * len(WALK_PANELS), 3.4), squeeze=False)
-        correlations = []
+        tracking = []
         fixed_first = next(((v, seeds[v][0]) for v in variants if v.startswith('fixed_gamma')), None)  # one legend entry
         for col, (key, name) in enumerate(WALK_PANELS):
-            ax, pooled = axes[0][col], []
+            ax, slopes, finals = axes[0][col], [], []
             for v in variants:
                 for s in seeds[v]:
                     _, ours = walk_series(loaded[(v, s)]['log'], 'operator' if summary[v]['operator_scalars'] else 'attention', key)
@@ -593,16 +901,21 @@ def geometry_figures(results, out):
                     if ours.shape != theirs.shape:  # evaluated at other iterations: not comparable step by step
                         continue
                     diff = (ours - theirs).mean(1)  # all layers
+                    finals.append((gamma[-1].item(), diff[-1].item()))
                     if v == 'corridor':
-                        pooled += list(zip(gamma.tolist(), diff.tolist()))
+                        slopes.append(line_fit(gamma[1:].tolist(), diff[1:].tolist())[0])
                         ax.plot(gamma.tolist(), diff.tolist(), '.-', color='tab:red', lw=0.8,
                                 label='learnable corridor, every evaluation' if s == seeds[v][0] else None)
                     elif v.startswith('fixed_gamma'):
                         ax.plot([gamma[-1].item()], [diff[-1].item()], 'o', color='tab:blue',
                                 label='fixed γ, end of training' if (v, s) == fixed_first else None)
-            if len(pooled) > 2:
-                r = torch.corrcoef(torch.tensor(pooled, dtype=torch.float64).T)[0, 1].item()
-                correlations.append(f"{name}: r = {r:+.2f}")
+            slopes = [b for b in slopes if math.isfinite(b)]
+            cell = tests.add('geometry: slope of the operator − attention on γ̄, per corridor run',
+                             f'{setting}: {name}', slopes) if slopes else 'too few evaluations'
+            r = (torch.corrcoef(torch.tensor(finals, dtype=torch.float64).T)[0, 1].item()
+                 if len(finals) > 2 and len({g for g, _ in finals}) > 1 else float('nan'))
+            tracking.append(f"- {name}: slope per unit γ̄ {cell}; across runs (final evaluation, one point per run, "
+                            f"n = {len(finals)}) r = {r:+.2f}")
             ax.axhline(0, color='black', lw=0.6)
             ax.set_xlabel('mean γ')
             ax.set_title(f'{name}\n(full operator) − attention', fontsize=9)
@@ -611,13 +924,22 @@ def geometry_figures(results, out):
         save(fig, os.path.join(out, f'geometry_vs_gamma_{name}.png'))
         plot_walk_evolution({v: [loaded[(v, s)]['log'] for s in seeds[v]] for v in ('attention', *variants)},
                             os.path.join(out, f'geometry_{name}.png'), setting)
-        lines += [f"Does the difference track γ? {'; '.join(correlations) or 'too few evaluations'}.", '',
+        lines += ["Does the difference track γ?", '', *tracking, '',
                   f"![geometry during training, {setting}](geometry_{name}.png)", '',
                   f"![geometry against γ, {setting}](geometry_vs_gamma_{name}.png)", '']
     return lines
 
 
 # ------------------------------------------------------------------------------------------------ reports
+
+STATISTICS = ("Final validation loss (nats per token). Every difference is paired by seed and reported as: mean "
+              "[95 % CI], p of a two-sided paired t-test, that p Holm-adjusted within its family (families below), "
+              "and MDE, the smallest true difference the test detects with 80 % power at 5 % two-sided given the "
+              "observed SD and seeds (the exact noncentral t). Verdict 'lower' / 'higher' when the adjusted p is "
+              "below 0.05; otherwise 'inconclusive, no effect larger than X', X the CI's bound farthest from zero. "
+              "A family is one comparison across the study's settings (the fixed-γ grid: every γ and setting "
+              "together; the geometry: one per variant and part over every diagnostic, regime and setting).")
+
 
 def report(name, study, runs, out):
     """Load every finished run, write OUT/report.md, report.json and the figures; print the report."""
@@ -637,21 +959,28 @@ def report(name, study, runs, out):
             results[setting or 'sweep'] = (loaded, summarize(loaded, variants))
     if not results:
         raise UserError(f"no finished run to report yet ({len(runs)} planned)")
-    lines = [f"# {name}: {study.question}", '',
-             f"{len(runs) - len(skipped)} of {len(runs)} runs finished. Final validation loss (nats per token); "
-             "differences to attention paired by seed (mean ± std over seeds); verdict 'lower'/'higher' only when "
-             "a two-sided paired t-test over the seeds rejects no difference at 5 %, else 'inconclusive'.", '']
+    tests = Tests()
+    lines = [f"# {name}: {study.question}", '', f"{len(runs) - len(skipped)} of {len(runs)} runs finished. "
+             + STATISTICS, '']
     for setting, (loaded, summary) in results.items():
         first = next(iter(summary.values()))
-        lines += [f"## {setting}: {first['params'] / 1e6:.2f}M parameters, {first['tokens'] / 1e6:.2f}M tokens per run",
-                  '', table(summary), '']
+        lines += [f"## {setting}: {first['non_embedding_params'] / 1e6:.2f}M non-embedding parameters "
+                  f"({first['params'] / 1e6:.2f}M with the token embeddings), {first['tokens'] / 1e6:.2f}M tokens per run",
+                  '', table(setting, summary, tests, name), '']
         setting_figures(setting, loaded, summary, out)
-    lines += globals()[study.figures](results, out)
-    text = '\n'.join(lines)
+    lines += globals()[study.figures](results, out, tests, name)
+    tests.finish()
+    sizes = {}
+    for t in tests.tests:
+        sizes[t['family']] = t['family_size']
+    lines += ['### Holm families', '', *(f"- {family}: {m} test(s)" if m else f"- {family}: no test yet (one seed)"
+                                        for family, m in sizes.items()), '']
+    text = tests.fill('\n'.join(lines))
     with atomic_write(os.path.join(out, 'report.md')) as f:
         f.write(text + '\n')
     with atomic_write(os.path.join(out, 'report.json')) as f:
-        json.dump({setting: summary for setting, (_, summary) in results.items()}, f, indent=1)
+        json.dump(dict(settings={setting: summary for setting, (_, summary) in results.items()}, tests=tests.tests),
+                  f, indent=1)
     print(text + f"\n-> {out}/report.md")
     return results
 
@@ -676,11 +1005,15 @@ def main(argv):
     cfg = parse_config(DEFAULTS, sweep_args)
     if cfg['parallel'] < 1 or cfg['seeds'] < 0:
         raise UserError("parallel must be at least 1 and seeds at least 0")
-    if cfg['variants']:  # ad hoc: one part, trained from base into out_root
+    if cfg['variants']:  # ad hoc: one part, trained from base into out_root (with --gpu: the GPT-2 124M setting)
+        if cfg['gpu'] and cfg['base'] != CPU:
+            raise UserError("--gpu=True trains the variants in the openwebtext/gpt2_124m setting: drop --base, or "
+                            "drop --gpu to train them from --base")
         name, out = 'sweep', cfg['out_root']
         variants = tuple(v for v in cfg['variants'].split(',') if v)
-        study = Study(f"{', '.join(variants)} from {cfg['base']}", (Part(None, variants, cfg['seeds'] or 3),), (),
-                      'claims_figures')
+        setting = 'openwebtext/gpt2_124m' if cfg['gpu'] else None
+        study = Study(f"{', '.join(variants)} from {setting or cfg['base']}",
+                      (Part(setting, variants, cfg['seeds'] or 3),), (), 'claims_figures')
         parts = study.parts
     else:
         if cfg['study'] not in STUDIES:
@@ -688,6 +1021,8 @@ def main(argv):
         name = cfg['study'] + ('-gpu' if cfg['gpu'] else '')
         study, out = STUDIES[cfg['study']], os.path.join(cfg['out_root'], name)
         parts = [p._replace(seeds=cfg['seeds'] or p.seeds) for p in (study.gpu_parts if cfg['gpu'] else study.parts)]
+        if not parts:
+            raise UserError(f"study {cfg['study']!r} has no {'GPU' if cfg['gpu'] else 'CPU'} runs; drop --gpu=True")
     runs = plan_runs(parts, cfg['out_root'], cfg['base'], train_args, need_data=not cfg['plan'])
     if cfg['plan']:
         return print_plan(runs)

@@ -16,19 +16,65 @@ TINY_RUN = [*TINY_TRAIN_ARGS, '--max_iters=6', '--lr_decay_iters=6', '--eval_int
             '--walk_interval=3', '--walk_seqs=2']
 
 
-def test_paired_verdict_is_a_two_sided_t_test_at_five_percent():
-    assert sweep.paired_verdict([-0.02, -0.021, -0.019])[2] == 'lower'
-    assert sweep.paired_verdict([0.02, 0.021, 0.019])[2] == 'higher'
-    assert sweep.paired_verdict([-0.02, 0.01, -0.03])[2] == 'inconclusive'  # seeds disagree
-    assert sweep.paired_verdict([-0.001, -0.03, -0.0001])[2] == 'inconclusive'  # mean within the spread
-    # three seeds of one sign with t = 2.31: beyond 2 standard errors, but short of t(2) = 4.30
-    assert sweep.paired_verdict([0.01, 0.04, 0.07])[2] == 'inconclusive'
-    # eight seeds, one of the other sign: t = 5.9 against t(7) = 2.36
-    assert sweep.paired_verdict([-0.01, -0.012, 0.001, -0.011, -0.009, -0.013, -0.008, -0.01])[2] == 'lower'
-    mean, std, _ = sweep.paired_verdict([0.01, 0.04, 0.07])
-    assert (mean, std) == (pytest.approx(0.04), pytest.approx(0.03))
-    assert sweep.paired_verdict([-0.02])[2] == 'inconclusive'  # one seed says nothing about the spread
-    assert sweep.paired_verdict([])[2] == 'not measured'
+def test_t_quantiles_match_the_printed_table_and_their_p_is_five_percent():
+    for df, table in ((1, 12.706), (2, 4.303), (7, 2.365), (30, 2.042)):  # t_0.975 from any statistics table
+        assert sweep.t_quantile(0.975, df) == pytest.approx(table, abs=5e-4)
+        assert sweep.t_two_sided_p(table, df) == pytest.approx(0.05, abs=2e-4)
+
+
+def test_t_p_values_match_the_closed_forms_at_one_and_two_degrees_of_freedom():
+    for t in (0.3, 1.0, 3.0, 25.0):
+        assert sweep.t_two_sided_p(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), rel=1e-10)  # Cauchy
+        assert sweep.t_two_sided_p(t, 2) == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-10)
+    assert sweep.t_two_sided_p(0.0, 5) == pytest.approx(1.0)
+
+
+def test_power_and_detectable_effect_match_published_values_and_a_simulation():
+    # R's pwr: pwr.t.test(n = 10, d = 1, type = 'paired') gives power 0.8031; d = 0.5 at 80 % needs n = 33.37
+    assert sweep.t_test_power(math.sqrt(10), 9) == pytest.approx(0.8031, abs=2e-4)
+    assert sweep.min_detectable_effect(1.0, 33) > 0.5 > sweep.min_detectable_effect(1.0, 34)
+    # a float64 simulation: 4 pairs, true mean 1.5 SD: how often does |t| exceed t_0.975(3)?
+    generator = torch.Generator().manual_seed(0)
+    samples = torch.randn(200_000, 4, generator=generator, dtype=torch.float64) + 1.5
+    t = samples.mean(1) / (samples.std(1) / 2)
+    simulated = (t.abs() > sweep.t_quantile(0.975, 3)).double().mean().item()
+    assert sweep.t_test_power(1.5 * 2, 3) == pytest.approx(simulated, abs=0.005)
+
+
+def test_paired_test_by_hand():
+    # differences 0.01, 0.04, 0.07: mean 0.04, SD 0.03, SE 0.03/√3, t = 2.309 on 2 df
+    test = sweep.paired_test([0.01, 0.04, 0.07])
+    se = 0.03 / math.sqrt(3)
+    assert (test.n, test.mean, test.sd) == (3, pytest.approx(0.04), pytest.approx(0.03))
+    assert (test.low, test.high) == (pytest.approx(0.04 - 4.303 * se, abs=1e-4), pytest.approx(0.04 + 4.303 * se, abs=1e-4))
+    assert test.p == pytest.approx(1 - 2.309401 / math.sqrt(2.309401 ** 2 + 2), rel=1e-5)
+    assert sweep.paired_test([-0.02]).p != sweep.paired_test([-0.02]).p  # one seed: no spread, no p (NaN)
+
+
+def test_holm_by_hand_and_verdicts_follow_the_adjusted_p():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> kept monotone: 0.06
+    assert sweep.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert sweep.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    lower = sweep.summary_test(-0.0031, 0.0006, 3)  # the README's claim (a) cell: p = 0.012
+    assert lower.p == pytest.approx(0.0123, abs=2e-4)
+    assert sweep.verdict(lower, lower.p) == 'lower'
+    assert sweep.verdict(lower, 0.07).startswith('inconclusive, no effect larger than 0.0046')
+    tests = sweep.Tests()
+    cells = [tests.add('f', 'a', [-0.031, -0.030, -0.032]), tests.add('f', 'b', [0.01, -0.01, 0.02]),
+             tests.add('g', 'c', [-0.031, -0.030, -0.032]), tests.add('f', 'a', [-0.031, -0.030, -0.032])]
+    assert cells[0] == cells[3] and tests.add('f', 'd', []) == 'not measured'  # a test shown twice counts once
+    tests.finish()
+    a, b, c = tests.tests
+    assert (a['family_size'], c['family_size']) == (2, 1) and a['p_holm'] == pytest.approx(2 * c['p_holm'])
+    assert '**lower**' in tests.fill(cells[2])
+
+
+def test_line_fit_by_hand():
+    # y = 1 + 2x plus residuals +0.1, −0.2, +0.1 at x = 0, 1, 2: slope 2, SE √(0.06/1 / 2) = 0.1732, t on 1 df
+    slope, low, high, p, n = sweep.line_fit([0, 1, 2], [1.1, 2.8, 5.1])
+    assert (slope, n) == (pytest.approx(2.0), 3)
+    assert (high - slope) == pytest.approx(12.706 * math.sqrt(0.06 / 2), abs=1e-3)
+    assert p == pytest.approx(1 - 2 / math.pi * math.atan(2 / math.sqrt(0.03)), rel=1e-6)
 
 
 def differences_with_t(t, n):
@@ -41,22 +87,26 @@ def differences_with_t(t, n):
 # Student's t quantiles from printed tables (not from sweep.py): two-sided 5 % = t_0.975; one-sided 5 % = t_0.95
 @pytest.mark.parametrize('n,t_975,t_95,t_975_at_n', [(3, 4.303, 2.920, 3.182), (4, 3.182, 2.353, 2.776),
                                                      (8, 2.365, 1.895, 2.306)])
-def test_paired_verdict_flips_just_at_the_two_sided_critical_value_with_n_minus_1_degrees_of_freedom(
+def test_verdict_flips_just_at_the_two_sided_critical_value_with_n_minus_1_degrees_of_freedom(
         n, t_975, t_95, t_975_at_n):
-    """A t 1 % below t_0.975(n − 1) is inconclusive, 1 % above it is not: that rules out n degrees of freedom
-    (a smaller critical value) and a one-sided table (smaller still), which both call the first one significant."""
+    """A t 1 % below t_0.975(n − 1) is inconclusive and its CI holds 0; 1 % above, neither: that rules out n degrees
+    of freedom (a smaller critical value) and a one-sided test (smaller still), which both call the first one
+    significant. (A family of one: the Holm p is p.)"""
     assert max(t_95, t_975_at_n) < 0.99 * t_975
-    for sign, verdict in ((1, 'higher'), (-1, 'lower')):
-        assert sweep.paired_verdict(differences_with_t(sign * 0.99 * t_975, n))[2] == 'inconclusive'
-        assert sweep.paired_verdict(differences_with_t(sign * 1.01 * t_975, n))[2] == verdict
-    mean, std, _ = sweep.paired_verdict(differences_with_t(3.0, n))
-    assert (mean, std) == (pytest.approx(3.0 / math.sqrt(n)), pytest.approx(1.0))
+    for sign, word in ((1, 'higher'), (-1, 'lower')):
+        below = sweep.paired_test(differences_with_t(sign * 0.99 * t_975, n))
+        above = sweep.paired_test(differences_with_t(sign * 1.01 * t_975, n))
+        assert sweep.verdict(below, below.p).startswith('inconclusive') and below.low < 0 < below.high
+        assert sweep.verdict(above, above.p) == word and not above.low < 0 < above.high
+    test = sweep.paired_test(differences_with_t(3.0, n))
+    assert (test.mean, test.sd, test.n) == (pytest.approx(3.0 / math.sqrt(n)), pytest.approx(1.0), n)
 
 
-def test_paired_verdict_beyond_30_degrees_of_freedom_uses_30s_value():
-    """t_0.975(40) = 2.021, t_0.975(30) = 2.042: between them the verdict is (slightly strictly) inconclusive."""
-    assert sweep.paired_verdict(differences_with_t(2.03, 41))[2] == 'inconclusive'
-    assert sweep.paired_verdict(differences_with_t(2.06, 41))[2] == 'higher'
+def test_verdict_beyond_30_degrees_of_freedom_uses_the_exact_quantile():
+    """t_0.975(40) = 2.021 (printed table): 2.01 is inconclusive, 2.03 is not."""
+    for t, word in ((2.01, 'inconclusive'), (2.03, 'higher')):
+        test = sweep.paired_test(differences_with_t(t, 41))
+        assert sweep.verdict(test, test.p).startswith(word)
 
 
 def test_variant_specs_carry_values_and_name_each_run_once():
@@ -75,12 +125,22 @@ def test_every_study_plans_valid_runs_on_cpu_and_gpu(tiny_data_root):
         for parts in (study.parts, study.gpu_parts):
             runs = sweep.plan_runs(parts, 'sweeps', sweep.CPU, data)
             wanted = {(p.setting, sweep.parse_variant(v)[0], seed) for p in parts for v in p.variants
-                      for seed in range(p.seeds)}  # parts may overlap (more seeds for some variants): one run each
+                      for seed in range(p.first_seed, p.first_seed + p.seeds)}  # parts may overlap (more seeds for some variants): one run each
             assert set(runs) == wanted, name
     # the studies share their runs: the small Tiny Shakespeare attention runs serve four of them
     shared = [name for name, study in sweep.STUDIES.items()
               if any(p.setting == 'shakespeare_char/small' and 'attention' in p.variants for p in study.parts)]
     assert len(shared) >= 2
+
+
+def test_the_replication_uses_seeds_no_other_study_uses(tiny_data_root):
+    data = [f'--data_root={tiny_data_root}', '--dataset=tiny']
+    replication = {seed for (_, _, seed) in sweep.plan_runs(sweep.STUDIES['replication'].parts, 'sweeps', sweep.CPU, data)}
+    assert replication == set(range(100, 108))
+    others = {seed for name, study in sweep.STUDIES.items() if name != 'replication'
+              for parts in (study.parts, study.gpu_parts)
+              for (_, _, seed) in sweep.plan_runs(parts, 'sweeps', sweep.CPU, data)}
+    assert others and not others & replication
 
 
 def test_sweep_variants_share_initial_weights_and_data_by_seed():
@@ -105,12 +165,15 @@ def test_ad_hoc_sweep_runs_end_to_end_and_skips_finished_runs(tiny_data_root, tm
     report = (out_root / 'report.md').read_text()
     assert '| attention | 2 |' in report and '| corridor | 2 |' in report and '| fixed_gamma=-0.3 | 2 |' in report
     assert '- a: learnable δ(γI+P) lowers val loss vs attention' in report
-    data = json.loads((out_root / 'report.json').read_text())['sweep']
+    saved = json.loads((out_root / 'report.json').read_text())
+    data = saved['settings']['sweep']
     assert len(data['corridor']['val_loss']) == 2 and data['fixed_gamma=-0.3']['gamma_mean'] == pytest.approx(-0.3)
     finals = {run: json.loads((out_root / run / 'log.jsonl').read_text().splitlines()[-1])['val_loss']
               for run in ('attention-s0', 'attention-s1', 'corridor-s0', 'corridor-s1')}
     differences = [finals['corridor-s0'] - finals['attention-s0'], finals['corridor-s1'] - finals['attention-s1']]
-    assert data['corridor']['vs_attention'][:3] == list(sweep.paired_verdict(differences))  # paired by seed
+    assert data['corridor']['vs_attention_differences'] == pytest.approx(differences)  # paired by seed
+    test = next(t for t in saved['tests'] if t['label'] == 'sweep: corridor − attention')
+    assert test['family_size'] == 1 and test['p_holm'] == pytest.approx(test['p'])
     for name in ('val_loss.png', 'occupancy.png', 'gamma_corridor.png', 'gamma_delta.png'):
         assert (out_root / name).stat().st_size > 1000
     for run in ('attention-s0', 'attention-s1', 'corridor-s0', 'corridor-s1'):
@@ -146,15 +209,18 @@ def test_studies_share_runs_and_write_every_figure(tiny_data_root, tmp_path, mon
     assert '| tiny/a |' in fixed and (tmp_path / 'fixed_gamma_figures' / 'fixed_gamma.png').stat().st_size > 1000
     scales = (tmp_path / 'scales_figures' / 'report.md').read_text()
     assert scales.count('| tiny/') == 2 and (tmp_path / 'scales_figures' / 'scales.png').stat().st_size > 1000
+    assert '- tiny: corridor − attention changes by ' in scales and 'over 4 seed pairs at 2 sizes' in scales
     dynamics = (tmp_path / 'gamma_dynamics_figures' / 'report.md').read_text()
     assert dynamics.count('| tiny/a | corridor | ') == 2 and dynamics.count('| tiny/a | corridor_lr | ') == 2  # per seed
+    assert '- tiny/a, fixed_gamma=-0.3: heads beyond layer 0 with −1 < γ < -0.05: 100% over 2 seed(s)' in dynamics
     assert (tmp_path / 'gamma_dynamics_figures' / 'gamma_dynamics_tiny_a.png').stat().st_size > 1000
     geometry = (tmp_path / 'geometry_figures' / 'report.md').read_text()
     assert '| δ_orth | initial |' in geometry and '| corridor: P | corridor: operator |' in geometry
-    assert 'Does the difference track γ? drift to the next layer: r = ' in geometry
+    assert '- drift to the next layer: slope per unit γ̄ ' in geometry and '(final evaluation, one point per run, n = 6)' in geometry
+    assert '- geometry, corridor: P, every diagnostic × regime × setting: 16 test(s)' in geometry  # 4 × 2 regimes × 2
     for name in ('geometry_tiny_a.png', 'geometry_vs_gamma_tiny_b.png'):
         assert (tmp_path / 'geometry_figures' / name).stat().st_size > 1000
-    data = json.loads((tmp_path / 'scales_figures' / 'report.json').read_text())
+    data = json.loads((tmp_path / 'scales_figures' / 'report.json').read_text())['settings']
     assert data['tiny/a']['corridor']['params'] > data['tiny/b']['corridor']['params']
 
     # a study partway (an attention run not finished): the reports pair what finished, columns in place
@@ -199,10 +265,87 @@ def test_plan_prints_the_gpu_budget_without_data_or_training(tmp_path):
     rows = [line for line in result.stdout.splitlines() if line.startswith('| openwebtext/')]
     assert [row.split(' | ')[0] for row in rows] == ['| openwebtext/gpt2_30m', '| openwebtext/gpt2_124m',
                                                      '| openwebtext/gpt2_350m']
-    assert '| openwebtext/gpt2_124m | 123.6M | 1.23B |' in result.stdout  # 2,500 × 491,520 tokens
-    hours = [float(row.split(' | ')[3]) for row in rows]
+    assert '| openwebtext/gpt2_124m | 84.95M | 123.59M (50,257) | 1.23B (' in result.stdout  # 2,500 × 491,520 tokens
+    hours = [float(row.split(' | ')[4]) for row in rows]
     assert hours == sorted(hours) and 'total to train:' in result.stdout
     assert not any(tmp_path.iterdir())
+
+
+def plan_rows(stdout):
+    """{setting: cells} of a printed plan."""
+    return {row.split(' | ')[0][2:]: row.split(' | ')[1:] for row in stdout.splitlines()
+            if row.startswith('| ') and not row.startswith('| setting')}
+
+
+def test_plan_counts_parameters_as_the_readme_and_states_which(tmp_path):
+    """The scales study's sizes: 0.11M / 0.80M / 2.68M as train.py counts them with Tiny Shakespeare's 65
+    characters (the README's table), and the non-embedding count, 12·L·d² up to biases and layer norms."""
+    (tmp_path / 'shakespeare_char').mkdir()
+    (tmp_path / 'shakespeare_char' / 'meta.json').write_text(json.dumps(dict(vocab_size=65)))
+    result = run_script('sweep.py', '--study=scales', '--plan=True', f'--out_root={tmp_path / "sweeps"}', '--',
+                        f'--data_root={tmp_path}', cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert 'non-embedding: without the token and position embeddings' in result.stdout
+    rows = plan_rows(result.stdout)
+    for size, (layers, width), counted in (('tiny', (2, 64), '0.11M (65)'), ('small', (4, 128), '0.80M (65)'),
+                                           ('medium-x2', (6, 192), '2.68M (65)')):
+        non_embedding, as_counted = rows[f'shakespeare_char/{size}'][:2]
+        assert as_counted == counted
+        assert float(non_embedding.rstrip('M')) == pytest.approx(12 * layers * width ** 2 / 1e6, rel=0.02)
+    assert rows['wikitext2_char/small'][1] == 'its data not prepared yet'
+
+
+def test_gpu_with_variants_plans_gpt2_runs_or_refuses_a_base(tmp_path):
+    result = run_script('sweep.py', '--gpu=True', '--variants=attention,corridor,gamma_nonneg', '--plan=True',
+                        f'--out_root={tmp_path}', cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    row = plan_rows(result.stdout)['openwebtext/gpt2_124m']
+    assert row[1] == '123.59M (50,257)' and row[2].startswith('1.23B') and row[4:6] == ['9', '9 |']
+    assert_one_line_error(run_script('sweep.py', '--gpu=True', '--variants=attention', '--base=configs/_sweep_cpu.py ',
+                                     '--plan=True', f'--out_root={tmp_path}', cwd=REPO), 'drop --base')
+    assert_one_line_error(run_script('sweep.py', '--study=replication', '--gpu=True', '--plan=True',
+                                     f'--out_root={tmp_path}', cwd=REPO), 'has no GPU runs')
+
+
+def test_the_ladder_spans_twenty_fold_at_equal_tokens_per_parameter(tmp_path, tiny_data_root):
+    result = run_script('sweep.py', '--study=ladder', '--plan=True', f'--out_root={tmp_path}', cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = plan_rows(result.stdout)
+    assert len(rows) >= 4
+    sizes = [float(cells[0].rstrip('M')) for cells in rows.values()]
+    assert max(sizes) / min(sizes) >= 20
+    ratios = [float(cells[2].split('(')[1].split()[0]) for cells in rows.values()]
+    assert max(ratios) / min(ratios) < 1.1  # equal up to whole multiples of 60 iterations
+    seeds = {p.setting: p.seeds for p in sweep.STUDIES['ladder'].parts}
+    assert sorted(seeds.values())[1] >= 6 and min(seeds.values()) >= 3
+    # tiny overrides after `--` win over a rung's budget, its size stays
+    runs = sweep.plan_runs(sweep.STUDIES['ladder'].parts, 'sweeps', sweep.CPU,
+                           [f'--data_root={tiny_data_root}', '--dataset=tiny', '--max_iters=6', '--lr_decay_iters=6'])
+    config = sweep.parse_config(sweep.TRAIN_DEFAULTS, runs[('shakespeare_char/ladder-l', 'corridor', 0)][1])
+    assert (config['max_iters'], config['n_layer'], config['n_embd'], config['dropout']) == (6, 6, 192, 0.1)
+
+
+def test_claim_b_has_three_seeds_for_the_corridor_and_the_spread_start(tiny_data_root):
+    runs = sweep.plan_runs(sweep.STUDIES['gamma_dynamics'].parts, 'sweeps', sweep.CPU,
+                           [f'--data_root={tiny_data_root}', '--dataset=tiny'])
+    for variant in ('attention', 'corridor', 'corridor_spread'):
+        assert sum(key[:2] == ('shakespeare_char/small-long', variant) for key in runs) >= 3
+
+
+def test_the_replication_report_puts_each_primary_test_beside_the_original_cell(tmp_path):
+    finals = {'attention': [2.040, 2.050, 2.030, 2.045], 'corridor': [2.037, 2.046, 2.028, 2.041],
+              'gamma_nonneg': [2.041, 2.050, 2.032, 2.045]}
+    loaded = {(v, 100 + i): dict(log=[dict(val_loss=x)]) for v, xs in finals.items() for i, x in enumerate(xs)}
+    tests = sweep.Tests()
+    lines = sweep.replication_figures({'shakespeare_char/small': (loaded, {})}, str(tmp_path), tests, 'replication')
+    tests.finish()
+    text = tests.fill('\n'.join(lines))
+    # corridor − attention: −0.003, −0.004, −0.002, −0.004: mean −0.00325, SD 0.000957, t = −6.79 on 3 df
+    a = next(line for line in text.splitlines() if line.startswith('| (a) |'))
+    assert '-0.0031 [-0.0046, -0.0016], p 0.012' in a and '-0.00325 [' in a and '**lower**' in a
+    assert next(t for t in tests.tests if t['label'].endswith('corridor − attention'))['p'] == pytest.approx(
+        sweep.t_two_sided_p(0.00325 / (0.000957427 / 2), 3), rel=1e-4)
+    assert all(t['family_size'] == 1 for t in tests.tests)  # each claim's primary test alone in its family
 
 
 # ------------------------------------------------------------------------------------------------ the reports' numbers
@@ -213,10 +356,10 @@ CORRIDOR_GAMMA = [[0.1, -0.2], [-0.5, -0.3], [-0.4, -1.2], [-0.6, -0.1], [-0.2, 
 
 
 def fake_run(variant, seed):
-    """What analyze.load_run gives for a finished run, made up: 5 evaluations of 50k tokens each; the corridors' γ
-    moves by 0.02 per evaluation to CORRIDOR_GAMMA − 0.01·seed; attention and corridor log a walk (5 layers) whose
-    δ_orth in layer 0 is 1 + 0.1·seed for attention, +0.04/0.05/0.06 for the corridor's P, −0.2/−0.1/−0.3 for its
-    full operator."""
+    """What common.load_run gives for a finished run, made up: 5 layers × 2 heads of width 64, 5 evaluations of
+    500k tokens each; the corridors' γ moves by 0.02 per evaluation to CORRIDOR_GAMMA − 0.01·seed; attention and
+    corridor log a walk (5 layers) whose δ_orth in layer 0 is 1 + 0.1·seed for attention, +0.04/0.05/0.06 for the
+    corridor's P, −0.2/−0.1/−0.3 for its full operator."""
     final = FINAL_LOSS[variant][seed]
     if variant == 'attention':
         gamma = [[0.0] * 2 for _ in range(5)]
@@ -237,8 +380,9 @@ def fake_run(variant, seed):
             entry['walk'] = dict(attention=walk(base)) if variant == 'attention' else \
                 dict(attention=walk(base + (0.04, 0.05, 0.06)[seed]), operator=walk(base + (-0.2, -0.1, -0.3)[seed]))
         log.append(entry)
+    operator = 'attention' if variant == 'attention' else 'corridor'
     return dict(log=log, gamma=torch.tensor(gamma), delta=torch.ones(5, 2), params=1_234_567,
-                config=dict(operator='attention' if variant == 'attention' else 'corridor'))
+                config=dict(operator=operator, n_layer=5, n_head=2, n_embd=64, block_size=16))
 
 
 @pytest.fixture
@@ -249,44 +393,88 @@ def fake_study(monkeypatch):
     return {'tiny/a': (loaded, sweep.summarize(loaded, list(FINAL_LOSS)))}
 
 
-# Hand computations. corridor − attention: −0.10, −0.05, −0.10: mean −0.0833, std 0.0289, t = 5.0 > t_0.975(2) = 4.303.
-# fixed γ = −0.3 − attention: +0.01, −0.02, +0.03: mean +0.0067, std 0.0252. corridor_lr: t = 4.0 < 4.303.
+def report_of(figures, results, tmp_path, study):
+    """A study's figure lines with every test's cell filled in, as report() writes them."""
+    tests = sweep.Tests()
+    lines = figures(results, str(tmp_path), tests, study)
+    tests.finish()
+    return tests.fill('\n'.join(lines)).splitlines()
+
+
+def cell_by_hand(differences, family_size=1):
+    """The start of the report's cell for 3 paired differences, from the printed t_0.975(2) = 4.303 and the closed
+    form of the two-sided p at 2 degrees of freedom, 1 − |t| / √(2 + t²); Holm for the smallest p of its family
+    when every other p is 1: family_size · p."""
+    n, mean = len(differences), statistics.fmean(differences)
+    se = statistics.stdev(differences) / math.sqrt(n)
+    t = mean / se
+    p = 1 - abs(t) / math.sqrt(2 + t * t)
+    return (f"{mean:+.3g} [{mean - 4.303 * se:+.2g}, {mean + 4.303 * se:+.2g}], p {p:.3f}, "
+            f"Holm {min(1, family_size * p):.3f}, MDE ")
+
+
+# Hand computations. corridor − attention: −0.10, −0.05, −0.10: mean −0.0833, t = −5.0, p = 0.038 (lower).
+# fixed γ = −0.3 − attention: +0.01, −0.02, +0.03: t = 0.46, p = 0.69. corridor_lr: t = −4.0, p = 0.057.
 # The corridor's γ: layer 0 mean −0.05, layers ≥ 1 mean −0.40375, all layers −0.333 (minus 0.01·seed);
 # in −1 < γ < 0: layer 0 one head of 2, layers ≥ 1 six of 8.
+CORRIDOR = [-0.10, -0.05, -0.10]
+
+
+def assert_cell(text, differences, words, family_size=1):
+    prefix = cell_by_hand(differences, family_size)
+    assert prefix in text and text.split(prefix, 1)[1].split(': ', 1)[1].startswith(words), (prefix, words, text)
+
 
 def test_claims_report_states_the_paired_differences_and_occupancy(fake_study, tmp_path):
-    lines = sweep.claims_figures(fake_study, tmp_path)
-    assert "- a: learnable δ(γI+P) lowers val loss vs attention: -0.0833 ± 0.0289 → **lower**" in lines
+    lines = report_of(sweep.claims_figures, fake_study, tmp_path, 'claims')
+    a = next(line for line in lines if line.startswith('- a: learnable δ(γI+P) lowers val loss vs attention: '))
+    assert_cell(a, CORRIDOR, '**lower**')
     assert "- b: heads beyond the first layer in −1 < γ < 0: 75% (mean γ -0.343)" in lines
     assert "- c: γ ≥ 0 raises val loss vs learnable γ: not measured" in lines
 
 
 def test_fixed_gamma_report_states_each_fixed_gammas_paired_difference(fake_study, tmp_path):
-    row = next(line for line in sweep.fixed_gamma_figures(fake_study, tmp_path) if line.startswith('| tiny/a |'))
+    row = next(line for line in report_of(sweep.fixed_gamma_figures, fake_study, tmp_path, 'fixed_gamma')
+               if line.startswith('| tiny/a |'))
     cells = row.strip('| ').split(' | ')
-    assert cells[1 + sweep.FIXED_GAMMAS.index(-0.3)] == '+0.0067 ± 0.0252 inconclusive'
+    assert_cell(cells[1 + sweep.FIXED_GAMMAS.index(-0.3)], [0.01, -0.02, 0.03], 'inconclusive, no effect larger '
+                'than 0.069')  # the CI's far bound, +0.0067 + 4.303 · 0.01453
     assert cells.count('–') == len(sweep.FIXED_GAMMAS) - 1
-    assert cells[-1] == '-0.0833 ± 0.0289 → **lower** (γ̄ -0.343)'
+    assert_cell(cells[-1], CORRIDOR, '**lower** (γ̄ -0.343)')
 
 
 def test_scales_report_states_size_difference_and_occupancy(fake_study, tmp_path):
-    rows = [line for line in sweep.scales_figures(fake_study, tmp_path) if line.startswith('| tiny/a |')]
-    assert rows == ['| tiny/a | 1.23M | 2.00M | -0.0833 ± 0.0289 | lower | 75% | -0.343 |']
+    rows = [line for line in report_of(sweep.scales_figures, fake_study, tmp_path, 'scales')
+            if line.startswith('| tiny/a |')]
+    # non-embedding: 5 blocks of 12·64² weights, 13·64 biases and LayerNorm entries, 4 corridor scalars, + ln_f:
+    # 250,068; tokens 4 evaluations × 500k = 2.00M, 8.0 per parameter
+    assert len(rows) == 1 and rows[0].startswith('| tiny/a | 0.25M | 2.00M | 8.0 | ')
+    assert rows[0].endswith(' | 75% | -0.343 |')
+    assert_cell(rows[0], CORRIDOR, '**lower**')
 
 
 def test_gamma_dynamics_report_states_where_gamma_ends_per_seed(fake_study, tmp_path):
-    rows = [line for line in sweep.gamma_dynamics_figures(fake_study, tmp_path) if line.startswith('| tiny/a |')]
-    assert '| tiny/a | corridor | 0 | -0.050 | -0.404 | [-1.20, +0.10] | 50% | 75% | 0.0200 | -0.1000 |' in rows
-    assert '| tiny/a | corridor | 1 | -0.060 | -0.414 | [-1.21, +0.09] | 50% | 75% | 0.0200 | -0.0500 |' in rows
-    assert '| tiny/a | corridor_lr | 2 | -0.070 | -0.424 | [-1.22, +0.08] | 50% | 75% | 0.0200 | -0.0500 |' in rows
-    assert '| tiny/a | fixed_gamma=-0.3 | 2 | -0.300 | -0.300 | [-0.30, -0.30] | 100% | 100% | 0.0000 | +0.0300 |' in rows
+    rows = [line for line in report_of(sweep.gamma_dynamics_figures, fake_study, tmp_path, 'gamma_dynamics')
+            if line.startswith('| tiny/a |')]
+    # seed 0: −1 < γ < −0.05 in layer 0 (0.1, −0.2): 50 %, layer 1: 100 %, layer 2 (−0.4, −1.2): 50 %, ...; the last
+    # quarter is the last two evaluations, 0.02 apart; the gap to attention 1.90 − 2.00
+    assert ('| tiny/a | corridor | 0 | 50% / 100% / 50% / 100% / 50% | -0.050 | -0.404 | [-1.20, +0.10] | 0.020 '
+            '| -0.1000 |') in rows
+    assert ('| tiny/a | corridor_lr | 2 | 50% / 100% / 50% / 100% / 50% | -0.070 | -0.424 | [-1.22, +0.08] | 0.020 '
+            '| -0.0500 |') in rows
+    assert ('| tiny/a | fixed_gamma=-0.3 | 2 | 100% / 100% / 100% / 100% / 100% | -0.300 | -0.300 | [-0.30, -0.30] '
+            '| 0.000 | +0.0300 |') in rows
     assert len(rows) == 9  # the three variants with operator scalars × 3 seeds; attention has none
 
 
 def test_geometry_report_states_attentions_value_and_the_paired_differences(fake_study, tmp_path):
-    lines = sweep.geometry_figures(fake_study, tmp_path)
-    assert '| diagnostic | regime | attention | corridor: P | corridor: operator |' in lines  # only runs with a walk
+    lines = report_of(sweep.geometry_figures, fake_study, tmp_path, 'geometry')
     # layer 0 is the initial regime of 5 layers: attention 1.0, 1.1, 1.2 → 1.1; P +0.04, +0.05, +0.06 → t = 8.7;
     # the full operator −0.2, −0.1, −0.3 → t = 3.5 < 4.303
-    assert '| δ_orth | initial | 1.1 | +0.05 ± 0.01 higher | -0.2 ± 0.1 inconclusive |' in lines
+    # each is the smallest p of its Holm family (the corridor's P, or its operator, over 4 diagnostics × 3 regimes),
+    # every other difference in it being exactly 0 (p = 1)
+    cells = next(line for line in lines if line.startswith('| δ_orth | initial |')).strip('| ').split(' | ')
+    assert cells[2] == '1.1'
+    assert_cell(cells[3], [0.04, 0.05, 0.06], 'inconclusive, no effect larger than 0.075', family_size=12)
+    assert_cell(cells[4], [-0.2, -0.1, -0.3], 'inconclusive, no effect larger than 0.45', family_size=12)
     assert any(line.startswith('| δ_orth | middle | 1.3 | ') for line in lines)  # layers 1–3
