@@ -106,7 +106,7 @@ MUTANTS = [
     Mutant('delta_orth_trace_by_d', 'connection.py', "sums['delta_orth'] / count / math.sqrt(d)",
            "sums['delta_orth'] / count / d", k('test_walk.py', 'naive')),
     # the study reports
-    Mutant('dynamics_quarter_at_half', 'sweep.py', 'gamma[int(0.75 * (len(log) - 1))]', 'gamma[int(0.5 * (len(log) - 1))]',
+    Mutant('dynamics_quarter_at_half', 'sweep.py', 'gamma[int(0.75 * (len(log) - 1)):]', 'gamma[int(0.5 * (len(log) - 1)):]',
            k('test_sweep.py', 'report_states')),
     Mutant('scales_occupancy_all_layers', 'sweep.py', "{cell} | {c['occupancy_beyond_first']:.0%}",
            "{cell} | {c['occupancy']:.0%}", k('test_sweep.py', 'report_states')),
