@@ -5,7 +5,8 @@ Speed and memory of the operator family, measured in one run: every timed step a
     python bench.py                  # CPU-sized: every form eager and compiled, fast vs math path, KV cache, walk
     python bench.py --preset gpu     # one H100/H200 in about 9 minutes: GPT-2 124M in bf16, MFU, short train.py runs
     python bench.py --preset tiny    # seconds, what the tests run
-    python bench.py --baseline HEAD~1 --skip epilogue,paths,kv_cache,walk   # what a change to model.py costs
+    python bench.py --baseline HEAD~1 --forms attention,corridor --skip epilogue,train_runs,paths,kv_cache,walk
+                                     # what a change to model.py costs, both versions interleaved
 
 The corridor's cost beyond attention, compiled, is also counted rather than timed: the bytes Inductor's kernels
 read and write for one layer, forward and backward, and the GPU throughput ratio they predict for GPT-2 124M.
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from common import PEAK_FLOPS, atomic_write, peak_flops
-from model import GPT, CausalSelfAttention, GPTConfig
+from model import GPT, OPERATORS, CausalSelfAttention, GPTConfig
 from connection import connection_diagnostics, head_weights
 
 PRESETS = {
@@ -469,10 +470,15 @@ def main(argv):
     parser.add_argument('--json', default=None, help='write the results here (default: OUT_DIR/bench_<preset>.json)')
     parser.add_argument('--baseline', help="a git revision (e.g. HEAD~1) or a file whose model.py the training step "
                         "is also timed with, interleaved: what a change to model.py costs")
+    parser.add_argument('--forms', help="comma-separated operator forms of the training step (default: the preset's)")
     parser.add_argument('--skip', default='', help='comma-separated parts to skip: '
                         'training,epilogue,train_runs,compile_check,paths,kv_cache,walk')
     args = parser.parse_args(argv)
     p = PRESETS[args.preset]
+    if args.forms:
+        p = {**p, 'forms': tuple(args.forms.split(','))}
+        if 'attention' not in p['forms'] or not set(p['forms']) <= set(OPERATORS):  # every ratio is against attention
+            sys.exit(f"error: --forms takes attention and others of {', '.join(OPERATORS)}, got {args.forms!r}")
     device = args.device
     if device.startswith('cuda'):
         device = str(torch.device(device, torch.cuda.current_device()) if device == 'cuda' else device)
