@@ -12,7 +12,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from sweep import atomic_write, fmt_p, holm, summary_test, t_quantile  # noqa: E402
+from common import atomic_write  # noqa: E402
+from sweep import fmt_p, holm, summary_test, t_quantile  # noqa: E402
 
 TS, WT = 'Tiny Shakespeare', 'WikiText-2 (char)'
 
@@ -135,7 +136,8 @@ def main():
             "--report_only=True` on the runs gives per-run slopes and one point per run.", '',
             "## Claim (b): one seed per variant: no test. The seeded study is `--study=gamma_dynamics` (3 seeds).", '']
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results_recomputed.md')
-    atomic_write(path, '\n'.join(out) + '\n')
+    with atomic_write(path) as f:
+        f.write('\n'.join(out) + '\n')
     print('\n'.join(out))
 
 
