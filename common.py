@@ -8,13 +8,21 @@ import difflib
 import glob
 import json
 import os
+import re
 import sys
 from contextlib import contextmanager, suppress
 from typing import Callable, NamedTuple
 
 import torch
 
-from model import GPT, GPTConfig, gamma_delta, in_corridor
+from model import GPT, OPERATOR_KEYS, GPTConfig, gamma_delta, in_corridor
+
+
+def transformers_side():
+    """walk_hf, the module for pretrained transformers models, imported only when one is asked for: it imports this
+    module (so not at the top) and, through it, transformers (seconds)."""
+    import walk_hf
+    return walk_hf
 
 
 class UserError(Exception):
@@ -137,8 +145,25 @@ def tokenizer_from_meta(meta):
                 raise UserError(f"characters {''.join(unknown)!r} are not in the model's vocabulary")
             return [stoi[c] for c in text]
         return encode, lambda ids: ''.join(itos[i] for i in ids)
+    if meta['tokenizer'] == 'hf':  # a pretrained model's own (prepare.py --tokenizer=SOURCE)
+        return transformers_side().hf_codec(meta['tokenizer_source'])
     enc = gpt2_encoding()
     return (lambda text: enc.encode(text, allowed_special={'<|endoftext|>'})), enc.decode
+
+
+def check_tokenizer(model, meta, data_dir):
+    """Data (its meta.json dict) must be tokenized as the model reads: the same vocabulary size for our GPT, the same
+    tokenizer (its fingerprint, prepare.py --tokenizer=SOURCE) for a pretrained transformers model."""
+    if isinstance(model, GPT):
+        if model.config.vocab_size != meta['vocab_size']:
+            raise UserError(f"the model's vocabulary ({model.config.vocab_size}) does not match the data's "
+                            f"({meta['vocab_size']}, {meta['tokenizer']} tokenizer in {data_dir})")
+        return
+    hf = transformers_side()
+    if meta.get('tokenizer_fingerprint') != hf.tokenizer_fingerprint(hf.load_tokenizer(model.source)):
+        used = meta.get('tokenizer_source', meta['tokenizer'])
+        raise UserError(f"{data_dir} was tokenized with {used}'s tokenizer, not {model.source}'s: prepare the data "
+                        f"with it, e.g. `python prepare.py {meta.get('dataset', 'wikitext2')} --tokenizer={model.source}`")
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
@@ -250,11 +275,26 @@ def load_checkpoint(path, map_location='cpu'):
 
 
 def model_from_checkpoint(ckpt, **overrides):
-    """The GPT a checkpoint holds (weights loaded, train mode); overrides: GPTConfig keys that carry no weights
-    (dropout, operator_lr_mult)."""
-    model = GPT(GPTConfig(**{**ckpt['model_args'], **overrides}))
+    """The model a checkpoint holds (weights loaded, train mode): our GPT, or a pretrained model rebuilt from its
+    source (walk_hf.PretrainedLM, or GPT-2). overrides: GPTConfig keys that carry no weights (dropout,
+    operator_lr_mult). A checkpoint of weights='operator' (train.py --train_only=operator) holds only the operator's
+    scalars; the frozen weights come from the source again."""
+    args = {**ckpt['model_args'], **overrides}
+    source, weights = ckpt.get('source'), ckpt.get('weights', 'all')
+    operator = {key: args[key] for key in OPERATOR_KEYS}
+    if source is not None and not is_gpt2(source):
+        model, _ = transformers_side().load_pretrained(source, **operator)
+    elif weights == 'operator':
+        model = GPT.from_pretrained(source, dropout=args['dropout'], **operator)
+    else:
+        model = GPT(GPTConfig(**args))
     state = {k.removeprefix('_orig_mod.'): v for k, v in ckpt['model'].items()}  # saved from a compiled model
-    model.load_state_dict(state)
+    if weights == 'operator':
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or any('.coefficients.' in key for key in missing):
+            raise UserError(f"the checkpoint's operator scalars do not fit {source}'s layers")
+    else:
+        model.load_state_dict(state)
     return model
 
 
@@ -275,8 +315,8 @@ def read_log(out_dir):
 
 
 def load_run(out_dir):
-    """A run folder: its name, config, log entries, final (γ, δ), the snapshot series (iter, γ, δ) and the
-    model's parameter count (non-embedding)."""
+    """A run folder: its name, config, log entries, final (γ, δ), the snapshot series (iter, γ, δ), the model's
+    parameter count (GPT.get_num_params), the source of a pretrained model, and the wall seconds it trained."""
     if not os.path.isdir(out_dir):
         raise UserError(f"no run folder {out_dir!r}")
     ckpt = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'))
@@ -288,7 +328,7 @@ def load_run(out_dir):
     gamma, delta = gamma_delta(model.operator_coefficients())
     return dict(name=os.path.basename(os.path.normpath(out_dir)), out_dir=out_dir, config=ckpt['config'],
                 iter=ckpt['iter_num'], log=read_log(out_dir), gamma=gamma, delta=delta, snapshots=snapshots,
-                params=model.get_num_params())
+                params=model.get_num_params(), source=ckpt.get('source'), seconds=ckpt.get('seconds'))
 
 
 
@@ -321,21 +361,23 @@ def is_gpt2(source):
 
 
 def load_model(source, **overrides):
-    """(model, meta) from a run folder (its ckpt.pt) or from OpenAI's GPT-2 (a name or a local transformers
-    folder); meta names the tokenizer as a dataset's meta.json does. overrides: GPTConfig keys that carry no
-    weights (dropout and, for GPT-2, the operator keys)."""
+    """(model, meta) from a run folder (its ckpt.pt), OpenAI's GPT-2 (a name or a local transformers folder) as our
+    GPT, or another pretrained causal LM (walk_hf.PretrainedLM: a packaged model, a .gguf file, a transformers folder
+    or hub name); meta names the tokenizer as a dataset's meta.json does. overrides: GPTConfig keys that carry no
+    weights (dropout and, for a pretrained model, the operator keys)."""
     if is_gpt2(source):
         try:
             return GPT.from_pretrained(source, **overrides), dict(tokenizer='gpt2', vocab_size=50257)
         except (RuntimeError, ValueError) as e:
             raise UserError(str(e)) from None
-    if source.endswith('.gguf') or source in HF_ONLY_NAMES:
-        raise UserError(f"{source} is not a GPT-2 model: walk.py reads it, train.py and sample.py take run folders "
-                        f"and GPT-2 ({', '.join(GPT2_NAMES)})")
+    hub_name = re.fullmatch(r'[\w.-]+/[\w.-]+', source) and not os.path.exists(source)
+    pretrained = source.endswith('.gguf') or source in HF_ONLY_NAMES or hub_name or \
+        os.path.isfile(os.path.join(source, 'config.json')) and not os.path.isfile(os.path.join(source, 'ckpt.pt'))
+    if pretrained:  # a transformers causal LM (walk_hf.py); the keys that carry no weights are the operator's
+        return transformers_side().load_pretrained(source, **{k: v for k, v in overrides.items() if k != 'dropout'})
     if not os.path.isdir(source):
-        raise UserError(f"no run folder {source!r} (a folder train.py wrote, or a GPT-2 name: {', '.join(GPT2_NAMES)})")
-    if os.path.isfile(os.path.join(source, 'config.json')) and not os.path.isfile(os.path.join(source, 'ckpt.pt')):
-        raise UserError(f"{source} is a transformers folder, but not of a GPT-2 model (model_type in its config.json)")
+        raise UserError(f"no run folder {source!r} (a folder train.py wrote, a GPT-2 name: {', '.join(GPT2_NAMES)}, "
+                        f"or a pretrained causal LM: {', '.join(HF_ONLY_NAMES[1:])}, a .gguf file, a transformers folder)")
     ckpt = load_checkpoint(os.path.join(source, 'ckpt.pt'))
     return model_from_checkpoint(ckpt, **overrides), ckpt['meta']
 

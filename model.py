@@ -326,16 +326,7 @@ class GPT(nn.Module):
                 x, _ = self._trunk(context, cache=cache)
             else:
                 x, _ = self._trunk(idx[:, -1:], cache=cache)
-            logits = self._logits(x[:, -1, :])
-            if temperature == 0:
-                next_token = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                    logits[logits < v[:, [-1]]] = float('-inf')
-                next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
-            idx = torch.cat((idx, next_token), dim=1)
+            idx = torch.cat((idx, next_token(self._logits(x[:, -1, :]), temperature, top_k, generator)), dim=1)
         return idx
 
     @classmethod
@@ -373,6 +364,18 @@ class GPT(nn.Module):
         missing = [k for k in ours if k not in copied and '.coefficients.' not in k and k != 'lm_head.weight']
         assert not missing, f"not in the GPT-2 checkpoint: {missing}"
         return model
+
+
+def next_token(logits, temperature, top_k, generator):
+    """[B, 1] tokens drawn from logits [B, vocab] at this temperature (0: greedy) among the top_k likeliest (None:
+    all); GPT.generate and a pretrained model's (walk_hf.PretrainedLM) share it."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits[logits < v[:, [-1]]] = float('-inf')
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
 
 
 # ----------------------------------------------------------------------------------------------------------

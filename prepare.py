@@ -7,6 +7,8 @@ Turn a corpus into what train.py reads: DATA_ROOT/NAME/{train.bin, val.bin} (uin
     python prepare.py wikitext2                         # the same, GPT-2 BPE
     python prepare.py openwebtext                       # OpenWebText, GPT-2 BPE (~9B tokens, ~17 GB)
     python prepare.py text --input notes/ --name notes  # your own .txt / .jsonl files, char or GPT-2 BPE
+    python prepare.py wikitext2 --tokenizer=smollm2-135m  # a pretrained model's own tokenizer (train.py
+                                                          # --init_from=smollm2-135m): data/wikitext2_smollm2-135m
 
 --input PATH uses a local copy instead of downloading (a machine without network). The output folder
 appears in one rename at the end: an interrupted run leaves at most a NAME.partial folder, never files that
@@ -66,9 +68,25 @@ def write_meta(out, **meta):
     (out / 'meta.json').write_text(json.dumps(meta, indent=1) + '\n')
 
 
-def check_uint16(vocab_size):
-    if vocab_size > 65536:
-        raise UserError(f"vocabulary of {vocab_size} does not fit the uint16 token files")
+def token_dtype(vocab_size):
+    """uint16 as nanoGPT, uint32 for the larger vocabularies of pretrained models (Gemma 3: 262k, Qwen: 152k)."""
+    return 'uint16' if vocab_size <= 65536 else 'uint32'
+
+
+def model_tokenizer(source):
+    """(encode, vocab_size, meta entries) for a pretrained model's own tokenizer (walk_hf.py loads it)."""
+    import walk_hf  # here, not at the top: it imports torch and transformers, which the other datasets never need
+    tokenizer = walk_hf.load_tokenizer(source)
+    vocab_size = max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
+
+    def encode(text):  # line by line: a progress bar, and no single 1 MB call
+        lines = text.splitlines(keepends=True)
+        return [i for line in tqdm(lines, desc='tokenizing', unit='line', mininterval=1, leave=False)
+                for i in tokenizer(line, add_special_tokens=False)['input_ids']]
+    meta = dict(tokenizer_source=source, tokenizer_fingerprint=walk_hf.tokenizer_fingerprint(tokenizer))
+    if tokenizer.eos_token_id is not None:
+        meta['eot_token'] = tokenizer.eos_token_id
+    return encode, vocab_size, meta
 
 
 def download_text(url, input_path):
@@ -90,21 +108,30 @@ def char_tokenizer(text):
     return itos, lambda s: [stoi[c] for c in s]
 
 
-def write_small(out, train_ids, val_ids, source, tokenizer, vocab_size, itos=None):
+def write_small(out, train_ids, val_ids, source, tokenizer, vocab_size, itos=None, **extra):
     if len(train_ids) < 2 or len(val_ids) < 2:  # train.py needs at least one (input, target) pair per split
         raise UserError(f"{source} gives {len(train_ids)} training and {len(val_ids)} validation tokens: too little "
                         f"text to train on (an empty file?)")
-    check_uint16(vocab_size)
+    dtype = token_dtype(vocab_size)
     # write_bytes, not tofile: a full disk is then an OSError with its errno, not numpy's bare short-write message
-    (out / 'train.bin').write_bytes(np.array(train_ids, dtype=np.uint16).tobytes())
-    (out / 'val.bin').write_bytes(np.array(val_ids, dtype=np.uint16).tobytes())
+    (out / 'train.bin').write_bytes(np.array(train_ids, dtype=dtype).tobytes())
+    (out / 'val.bin').write_bytes(np.array(val_ids, dtype=dtype).tobytes())
     meta = dict(tokenizer=tokenizer, vocab_size=vocab_size, train_tokens=len(train_ids), val_tokens=len(val_ids),
-                source=source, dtype='uint16')
+                source=source, dtype=dtype)
     if itos is not None:
         meta['itos'] = itos
     if tokenizer == 'gpt2':
         meta['eot_token'] = GPT2_EOT
-    write_meta(out, **meta)
+    write_meta(out, **meta, **extra)
+
+
+def write_subword(out, texts, source, tokenizer_name, dataset):
+    """texts (train, val) through GPT-2's BPE, or a pretrained model's own tokenizer (--tokenizer=SOURCE)."""
+    if tokenizer_name == 'gpt2':
+        enc = gpt2_encoding()
+        return write_small(out, *map(enc.encode_ordinary, texts), source, 'gpt2', enc.n_vocab)
+    encode, vocab_size, extra = model_tokenizer(tokenizer_name)
+    write_small(out, *map(encode, texts), source, 'hf', vocab_size, dataset=dataset, **extra)
 
 
 def prepare_shakespeare(out, args, char_level):
@@ -116,9 +143,7 @@ def prepare_shakespeare(out, args, char_level):
         itos, encode = char_tokenizer(text)
         write_small(out, encode(text[:split]), encode(text[split:]), source, 'char', len(itos), itos)
     else:
-        enc = gpt2_encoding()
-        write_small(out, enc.encode_ordinary(text[:split]), enc.encode_ordinary(text[split:]), source, 'gpt2',
-                    enc.n_vocab)
+        write_subword(out, (text[:split], text[split:]), source, args.tokenizer, 'shakespeare')
 
 
 def read_wikitext2(input_path):
@@ -152,9 +177,7 @@ def prepare_wikitext2(out, args, char_level):
         itos, encode = char_tokenizer(texts['validation'] + texts['test'])
         write_small(out, encode(texts['validation']), encode(texts['test']), source, 'char', len(itos), itos)
     else:
-        enc = gpt2_encoding()
-        write_small(out, enc.encode_ordinary(texts['validation']), enc.encode_ordinary(texts['test']), source,
-                    'gpt2', enc.n_vocab)
+        write_subword(out, (texts['validation'], texts['test']), source, args.tokenizer, 'wikitext2')
 
 
 def read_documents(input_path, text_field):
@@ -182,16 +205,22 @@ def prepare_text(out, args):
     """Your own files: documents concatenated in order (GPT-2 BPE: an end-of-text token after each), the last
     val_fraction of the tokens validate."""
     documents = read_documents(args.input, args.text_field)
+    extra = {}
     if args.tokenizer == 'char':
         itos, encode = char_tokenizer(''.join(documents))
         ids = [i for doc in documents for i in encode(doc)]
         vocab_size = len(itos)
+    elif args.tokenizer != 'gpt2':  # a pretrained model's own, its end-of-sequence token after each document
+        encode, vocab_size, extra = model_tokenizer(args.tokenizer)
+        itos, end = None, [extra['eot_token']] if 'eot_token' in extra else []
+        ids = [i for doc in tqdm(documents, desc='documents', unit='doc') for i in encode(doc) + end]
     else:
         enc, itos = gpt2_encoding(), None
         ids = [i for doc in tqdm(documents, desc='tokenizing', unit='doc') for i in enc.encode_ordinary(doc) + [GPT2_EOT]]
         vocab_size = enc.n_vocab
     split = int(len(ids) * (1 - args.val_fraction))
-    write_small(out, ids[:split], ids[split:], str(args.input), args.tokenizer, vocab_size, itos)
+    write_small(out, ids[:split], ids[split:], str(args.input), 'hf' if extra else args.tokenizer, vocab_size, itos,
+                **extra)
 
 
 # ---------------------------------------------------------------------------------------------- OpenWebText
@@ -268,7 +297,9 @@ def main():
     parser.add_argument('--data_root', default='data', help='prepared data goes to DATA_ROOT/NAME (default: data)')
     parser.add_argument('--name', help='the folder name under data_root (default: the dataset, or for text the '
                                        'input file stem)')
-    parser.add_argument('--tokenizer', choices=['char', 'gpt2'], default='gpt2', help='text: tokenizer')
+    parser.add_argument('--tokenizer', default='gpt2',
+                        help="gpt2 (default), char (text only), or a pretrained model's own: smollm2-135m, "
+                             "gemma3-270m, a .gguf file or a transformers folder (shakespeare, wikitext2, text)")
     parser.add_argument('--text_field', default='text', help='text, .jsonl: the field holding each document')
     parser.add_argument('--val_fraction', type=float, default=0.1, help='text: fraction of tokens that validate')
     parser.add_argument('--num_proc', type=int, default=min(8, os.cpu_count() or 1),
@@ -280,7 +311,15 @@ def main():
         raise UserError(f"--val_fraction must be in (0, 1), got {args.val_fraction}")
     if args.input and not Path(args.input).exists():
         raise UserError(f"--input {args.input} does not exist")
+    own_tokenizer = args.tokenizer not in ('char', 'gpt2')
+    if own_tokenizer and args.dataset not in ('shakespeare', 'wikitext2', 'text'):
+        raise UserError(f"--tokenizer={args.tokenizer}: a pretrained model's tokenizer prepares shakespeare, wikitext2 "
+                        f"and text ({args.dataset} takes gpt2)")
+    if args.tokenizer == 'char' and args.dataset != 'text':
+        raise UserError(f"--tokenizer=char is for text; {args.dataset} has its own _char dataset")
     name = args.name or (Path(args.input).stem if args.dataset == 'text' else args.dataset)
+    if own_tokenizer and not args.name:  # beside the GPT-2 one, never over it
+        name += '_' + Path(args.tokenizer).name.removesuffix('.gguf')
     final = Path(args.data_root) / name
     with atomic_output_dir(final) as out:
         if args.dataset in ('shakespeare_char', 'shakespeare'):

@@ -44,6 +44,7 @@ from tqdm import tqdm
 from common import (PEAK_FLOPS, UserError, atomic_write, load_checkpoint, load_run, main_guard, model_config,
                     occupancy_report, parse_config)
 from connection import depth_regimes
+import walk_hf
 from model import GPT, in_corridor
 from plots import WALK_PANELS, plot_evolution, plot_gamma_delta, plot_occupancy, plot_walk_evolution, plt, save, walk_series
 from train import DEFAULTS as TRAIN_DEFAULTS  # train.py's config keys and defaults: every run a study plans is checked against them
@@ -65,6 +66,7 @@ VARIANTS = {
     'corridor_spread':    lambda spread=0.5: dict(operator='corridor', init_spread=spread),  # γ0 ~ U(−s, s)
     'corridor_lr':        lambda mult=10.0: dict(operator='corridor', operator_lr_mult=mult),
     'corridor_spread_lr': lambda mult=10.0: dict(operator='corridor', init_spread=0.5, operator_lr_mult=mult),
+    'delta_only':         lambda: dict(operator='corridor', learn_gamma=False),  # γ = 0: a learned scale per head
 }
 
 
@@ -150,6 +152,14 @@ SETTINGS = {  # name (the runs' folder under OUT_ROOT): (base config, what it ch
     'openwebtext/gpt2_124m-long':   (GPU, dict(walk_interval=500)),
 }
 SETTINGS.update({f'shakespeare_char/{name}': (CPU, ladder_setting(*size)) for name, size in LADDER_SIZES.items()})
+# pretrained models, every weight frozen but the operator's scalars (configs/*_operator.py)
+SETTINGS.update({
+    'wikitext2_smollm2-135m/operator':  ('configs/smollm2_operator.py', dict()),
+    'wikitext2_qwen2.5-0.5b/operator':  ('configs/gpu_pretrained.py', dict()),
+    'wikitext2_qwen2.5-0.5b/full':      ('configs/gpu_pretrained.py', dict(train_only='all', learning_rate=2e-5,
+                                                                           min_lr=2e-6, max_iters=60,
+                                                                           lr_decay_iters=60, eval_interval=10)),
+})
 
 # ------------------------------------------------------------------------------------------------ studies
 
@@ -220,6 +230,13 @@ STUDIES = {
                     for name in LADDER_SIZES),
         gpu_parts=(),
         figures='scales_figures'),
+    'pretrained': Study(
+        "A pretrained LM's heads given the corridor, every other weight frozen: does learning γ and δ lower held-out "
+        "loss beyond learning δ alone (γ = 0), and beyond the frozen model? Where does γ settle?",
+        parts=(Part('wikitext2_smollm2-135m/operator', ('corridor', 'delta_only'), 2),),
+        gpu_parts=(Part('wikitext2_qwen2.5-0.5b/operator', ('corridor', 'delta_only'), 3),
+                   Part('wikitext2_qwen2.5-0.5b/full', ('corridor', 'delta_only'), 3)),
+        figures='pretrained_figures'),
     'geometry': Study(
         "The two papers joined: does the corridor change the connection walk (drift, δ_orth, ‖A_eff‖_F, Gram "
         "dominance) beyond the seed spread, and does the change track γ during training?",
@@ -296,12 +313,18 @@ def print_plan(runs):
     for (setting, _, _), (out_dir, args) in runs.items():
         config = parse_config(TRAIN_DEFAULTS, args)
         vocab = dataset_vocab(config)
-        with torch.device('meta'):  # the parameter count without allocating the weights
-            model = GPT(model_config({**config, 'vocab_size': vocab or 50257}))
         tokens = config['max_iters'] * config['gradient_accumulation_steps'] * config['batch_size'] * config['block_size']
-        hours = tokens * model.flops_per_token(config['block_size']) / (PLAN_MFU * PLAN_PEAK) / 3600
-        row = rows.setdefault(setting, dict(non_embedding=non_embedding_params(config), vocab=vocab,
-                                            params=model.get_num_params() if vocab else None,
+        if config['init_from'] in ('scratch', 'resume') or config['init_from'].startswith('gpt2'):
+            with torch.device('meta'):  # the parameter count without allocating the weights
+                model = GPT(model_config({**config, 'vocab_size': vocab or 50257}))
+            flops, params, non_embedding = model.flops_per_token(config['block_size']), model.get_num_params(), \
+                non_embedding_params(config)
+        else:  # a pretrained transformers model: counted from its config; frozen weights need no weight gradients
+            params = non_embedding = walk_hf.parameter_count(config['init_from'])
+            flops = (4 if config['train_only'] == 'operator' else 6) * params
+            vocab = vocab or 'its own'
+        hours = tokens * flops / (PLAN_MFU * PLAN_PEAK) / 3600
+        row = rows.setdefault(setting, dict(non_embedding=non_embedding, vocab=vocab, params=params if vocab else None,
                                             tokens=tokens, hours=hours, runs=0, todo=0))
         row['runs'] += 1
         if run_state(out_dir) != 'done':
@@ -312,7 +335,8 @@ def print_plan(runs):
           "tables\n\n| setting | non-embedding parameters | as train.py counts (vocabulary) | tokens per run | "
           "H100 hours per run (est.) | runs | to train |\n|---|---|---|---|---|---|---|")
     for setting, r in rows.items():
-        counted = f"{r['params'] / 1e6:.2f}M ({r['vocab']:,})" if r['params'] else 'its data not prepared yet'
+        counted = f"{r['params'] / 1e6:.2f}M ({r['vocab']:,})" if r['params'] and isinstance(r['vocab'], int) else \
+            f"{r['params'] / 1e6:.0f}M" if r['params'] else 'its data not prepared yet'
         tokens = f"{r['tokens'] / 1e9:.2f}B" if r['tokens'] >= 1e9 else f"{r['tokens'] / 1e6:.2f}M"
         print(f"| {setting} | {r['non_embedding'] / 1e6:.2f}M | {counted} | {tokens} ({r['tokens'] / r['non_embedding']:.3g} "
               f"per non-embedding parameter) | {r['hours']:.3g} | "
@@ -561,7 +585,8 @@ def summarize(loaded, variants):
                      occupancy_beyond_first=statistics.fmean(o['occupancy_beyond_first'] or 0 for o in occupancy),
                      gamma_mean=statistics.fmean(loaded[(variant, s)]['gamma'].mean().item() for s in seeds),
                      delta_mean=statistics.fmean(loaded[(variant, s)]['delta'].mean().item() for s in seeds),
-                     params=first['params'], non_embedding_params=non_embedding_params(first['config']),
+                     params=first['params'], non_embedding_params=first['params'] if first['source'] and not
+                     first['source'].startswith('gpt2') else non_embedding_params(first['config']),
                      tokens=first['log'][-1]['tokens'], operator_scalars=first['config']['operator'] != 'attention')
         if variant != 'attention':
             entry['vs_attention_differences'] = paired_differences(loaded, variant, 'attention')
@@ -843,6 +868,59 @@ def gamma_dynamics_figures(results, out, tests, study):
         save(fig, os.path.join(out, name))
         images += [f'![γ dynamics, {setting}]({name})', '']
     return lines + ['', 'Across seeds:', '', *summaries, '', *images]
+
+
+def pretrained_figures(results, out, tests, study):
+    """A frozen pretrained model given the operator: corridor against δ alone, and each against the frozen model
+    (the same run's evaluation at iteration 0, where γ = 0, δ = 1 computes the pretrained model exactly, on the same
+    batches); per run where γ ends, how many heads sit deep in the corridor, how far γ still moves in the last
+    quarter, and the wall time; figures of γ per layer and over training."""
+    lines = ["### Operator-only fine-tuning against δ alone and against the frozen model, paired by seed", '',
+             "| setting | test | mean [95 % CI], p, Holm p, MDE: verdict |", '|---|---|---|']
+    rows = ["### Where γ ends, per run", '',
+            f"| setting | variant | seed | frozen → final val loss | γ̄ [min, max] | −1 < γ < 0 | −1 < γ < {DEEP} | "
+            "largest γ range in the last quarter | wall time |", '|---|---|---|---|---|---|---|---|---|']
+    images = []
+    for setting, (loaded, summary) in results.items():
+        for a, b in (('corridor', 'delta_only'), ('corridor', 'frozen'), ('delta_only', 'frozen')):
+            if a not in summary or (b != 'frozen' and b not in summary):
+                continue
+            differences = [loaded[(a, s)]['log'][-1]['val_loss'] - loaded[(a, s)]['log'][0]['val_loss']
+                           for s in summary[a]['seeds']] if b == 'frozen' else paired_differences(loaded, a, b)
+            cell = tests.add(family(study, a, b), f'{setting}: {a} − {b}', differences)
+            lines.append(f"| {setting} | {a} − {b} | {cell} |")
+        fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+        for (variant, seed), run in sorted(loaded.items()):
+            log = run['log']
+            gamma = torch.tensor([e['gamma'] for e in log])  # [evals, layers, heads]
+            last = gamma[-1]
+            tail = gamma[int(0.75 * (len(log) - 1)):]
+            settling = (tail.max(0).values - tail.min(0).values).max().item()
+            wall = f"{run['seconds'] / 60:.0f} min" if run['seconds'] else '–'
+            rows.append(f"| {setting} | {variant} | {seed} | {log[0]['val_loss']:.4f} → {log[-1]['val_loss']:.4f} | "
+                        f"{last.mean():+.3f} [{last.min():+.2f}, {last.max():+.2f}] | {in_corridor(last).float().mean():.0%} | "
+                        f"{((last > -1) & (last < DEEP)).float().mean():.0%} | {settling:.3f} | {wall} |")
+            if variant != 'corridor':
+                continue
+            layers = range(last.shape[0])
+            axes[0].plot(layers, last.mean(1).tolist(), marker='o', ms=3, label=f'mean over heads, seed {seed}')
+            axes[0].fill_between(layers, last.min(1).values.tolist(), last.max(1).values.tolist(), alpha=0.15)
+            axes[1].plot(layers, in_corridor(last).float().mean(1).tolist(), marker='o', ms=3, label=f'seed {seed}')
+            tokens = [e['tokens'] / 1e3 for e in log]
+            for layer in layers:
+                axes[2].plot(tokens, gamma[:, layer].mean(1).tolist(), lw=0.8,
+                             color=plt.cm.viridis(layer / max(1, len(layers) - 1)), alpha=0.8)
+        axes[0].axhspan(-1, 0, color='tab:green', alpha=0.08)
+        axes[0].set(xlabel='layer', ylabel='final γ', title='corridor: γ by layer (band: min–max over heads)')
+        axes[1].set(xlabel='layer', ylabel='fraction of heads', title='corridor: −1 < γ < 0 by layer', ylim=(-0.05, 1.05))
+        axes[2].set(xlabel='tokens seen (thousands)', ylabel='mean γ of the layer',
+                    title='corridor: γ over training (dark: first layers)')
+        for ax in axes[:2]:
+            ax.legend(fontsize=7)
+        name = f"pretrained_{setting.replace('/', '_')}.png"
+        save(fig, os.path.join(out, name))
+        images += [f'![γ by layer, {setting}]({name})', '']
+    return lines + [''] + rows + [''] + images
 
 
 def geometry_figures(results, out, tests, study):

@@ -31,9 +31,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from common import (UserError, WriteFailed, append_line, atomic_write, checkpoint_progress, describe_os_error,
-                    load_checkpoint, load_model, main_guard, model_config, model_from_checkpoint, parse_config,
-                    peak_flops, resolve_dtype, save_checkpoint)
+from common import (UserError, WriteFailed, append_line, atomic_write, check_tokenizer, checkpoint_progress,
+                    describe_os_error, load_checkpoint, load_model, main_guard, model_config, model_from_checkpoint,
+                    parse_config, peak_flops, resolve_dtype, save_checkpoint)
 from connection import PER_LAYER, connection_diagnostics
 from model import GPT, OPERATOR_DEFAULTS, OPERATOR_KEYS, gamma_delta, in_corridor
 
@@ -48,7 +48,9 @@ DEFAULTS = dict(
     eval_only=False,
     always_save_checkpoint=True,   # False: ckpt.pt only when val loss improves
     snapshot_interval=0,           # also keep ckpt_<iter>.pt at evals every this many iters (0: never)
-    init_from='scratch',           # 'scratch', 'resume' (out_dir/ckpt.pt) or 'gpt2', 'gpt2-medium', ...
+    init_from='scratch',           # 'scratch', 'resume' (out_dir/ckpt.pt), 'gpt2', 'gpt2-medium', ... or a pretrained
+                                   # causal LM: smollm2-135m, gemma3-270m, a .gguf file, a transformers folder
+    train_only='all',              # 'operator': freeze every pretrained weight, train the operator's scalars only
     overwrite=False,               # a scratch run into an out_dir that holds a checkpoint needs this
     walk_interval=0,               # evals at multiples of this also log the connection-walk geometry (0: never)
     walk_seqs=32,                  # ... on this many fixed validation sequences of min(64, block_size) tokens
@@ -113,6 +115,9 @@ def resolve_config(argv):
     if config['init_from'] == 'resume':
         ckpt = load_checkpoint(os.path.join(config['out_dir'], 'ckpt.pt'))
         config = parse_config({**DEFAULTS, **ckpt['config']}, argv, hints=HINTS)
+        if config['train_only'] != ckpt['config'].get('train_only', 'all'):  # the optimizer holds what trains
+            raise UserError(f"resuming with train_only={config['train_only']!r}, but the run trained "
+                            f"{ckpt['config'].get('train_only', 'all')!r}: start a new run from its checkpoint's source")
         for key in ARCHITECTURE_KEYS:
             if config[key] != ckpt['model_args'][key]:
                 raise UserError(f"resuming with {key}={config[key]!r}, but the checkpoint's model has "
@@ -132,6 +137,11 @@ def resolve_config(argv):
                         f"(or --decay_lr=False)")
     if cfg.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
         raise UserError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}")
+    if cfg.train_only not in ('all', 'operator'):
+        raise UserError(f"train_only must be 'all' or 'operator', got {cfg.train_only!r}")
+    if cfg.train_only == 'operator' and cfg.init_from == 'scratch':
+        raise UserError("train_only='operator' freezes pretrained weights: give --init_from=SOURCE (gpt2, "
+                        "smollm2-135m, a .gguf file or a transformers folder)")
     kind, _, index = cfg.device.partition(':')
     if kind not in ('cpu', 'cuda') or (index and not (kind == 'cuda' and index.isdigit())):
         raise UserError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {cfg.device!r}")
@@ -256,7 +266,8 @@ def prepare_if_missing(cfg):
 
 
 class Data:
-    """data_root/dataset: meta.json and the uint16 token files train.bin and val.bin."""
+    """data_root/dataset: meta.json and the token files train.bin and val.bin (uint16, or uint32 for a vocabulary
+    beyond 65,536: meta.json's dtype)."""
 
     def __init__(self, cfg, device):
         self.dir, self.block_size, self.batch_size, self.device = \
@@ -272,17 +283,18 @@ class Data:
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
             raise UserError(f"{meta_path} is not a meta.json written by prepare.py ({type(e).__name__}): rerun "
                             f"`python prepare.py {cfg.dataset}`") from None
+        self.dtype = np.dtype(self.meta.get('dtype', 'uint16'))
         self.n_tokens = {}
         for split in ('train', 'val'):
             path = os.path.join(self.dir, f'{split}.bin')
             size = os.path.getsize(path) if os.path.isfile(path) else 0
-            if size % 2:
-                raise UserError(f"{path} has {size} bytes, not a whole number of uint16 tokens (truncated?): rerun "
-                                f"`python prepare.py {cfg.dataset}`")
-            if size // 2 <= cfg.block_size:
+            if size % self.dtype.itemsize:
+                raise UserError(f"{path} has {size} bytes, not a whole number of {self.dtype} tokens (truncated?): "
+                                f"rerun `python prepare.py {cfg.dataset}`")
+            if size // self.dtype.itemsize <= cfg.block_size:
                 raise UserError(f"block_size={cfg.block_size} needs more tokens than that, but {split}.bin in "
-                                f"{self.dir} has {size // 2}")
-            self.n_tokens[split] = size // 2
+                                f"{self.dir} has {size // self.dtype.itemsize}")
+            self.n_tokens[split] = size // self.dtype.itemsize
 
     def offsets(self, split, count, generator):
         """[count, batch_size] random start positions."""
@@ -290,7 +302,7 @@ class Data:
 
     def batch(self, split, offsets):
         # reopened per batch: a long-lived np.memmap keeps its pages referenced and memory creeps up
-        data = np.memmap(os.path.join(self.dir, f'{split}.bin'), dtype=np.uint16, mode='r')
+        data = np.memmap(os.path.join(self.dir, f'{split}.bin'), dtype=self.dtype, mode='r')
         x = torch.stack([torch.from_numpy(data[i:i + self.block_size].astype(np.int64)) for i in offsets])
         y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + self.block_size].astype(np.int64)) for i in offsets])
         if self.device.startswith('cuda'):
@@ -299,17 +311,41 @@ class Data:
 
 
 def build_model(cfg, vocab_size, ckpt):
-    """The GPT to train: from the checkpoint, from scratch, or OpenAI's GPT-2 with the configured operator."""
+    """The model to train: from the checkpoint, from scratch, or a pretrained one (OpenAI's GPT-2 as our GPT, another
+    causal LM as walk_hf.PretrainedLM) with the configured operator; with train_only='operator', every weight but
+    the operator's scalars frozen."""
     if ckpt is not None:  # the architecture stays; dropout and operator_lr_mult are training settings it may change
-        return model_from_checkpoint(ckpt, dropout=cfg.dropout, operator_lr_mult=cfg.operator_lr_mult)
-    if cfg.init_from == 'scratch':
-        return GPT(model_config({**vars(cfg), 'vocab_size': vocab_size}))
-    if cfg.init_from.startswith('gpt2'):
+        model = model_from_checkpoint(ckpt, dropout=cfg.dropout, operator_lr_mult=cfg.operator_lr_mult)
+        model.source = ckpt.get('source')
+    elif cfg.init_from == 'scratch':
+        model = GPT(model_config({**vars(cfg), 'vocab_size': vocab_size}))
+        model.source = None
+    else:
         model, _ = load_model(cfg.init_from, dropout=cfg.dropout, **{k: getattr(cfg, k) for k in OPERATOR_KEYS})
+        if cfg.dropout and not isinstance(model, GPT):
+            raise UserError(f"dropout: {cfg.init_from} keeps its own (attention_dropout in its config.json); leave "
+                            f"--dropout at 0")
         for key in ('n_layer', 'n_head', 'n_embd', 'bias'):
-            setattr(cfg, key, getattr(model.config, key))  # GPT-2's own, so the saved config tells the truth
-        return model
-    raise UserError(f"init_from must be 'scratch', 'resume' or a GPT-2 name like 'gpt2', got {cfg.init_from!r}")
+            setattr(cfg, key, getattr(model.config, key))  # the model's own, so the saved config tells the truth
+        model.source = cfg.init_from  # where the weights came from: the checkpoint names it
+    if cfg.train_only == 'operator':
+        if not model.operator_parameters():
+            raise UserError(f"train_only='operator', but operator={cfg.operator!r} has no learnable scalars "
+                            f"(corridor, alpha, alpha_beta have)")
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for p in model.operator_parameters():
+            p.requires_grad_(True)
+    return model
+
+
+def saved_weights(model, cfg):
+    """What ckpt.pt holds of the model: every weight, or with train_only='operator' the operator's scalars only (the
+    frozen weights are the source's, which the checkpoint names: 16 kB instead of 540 MB for SmolLM2-135M)."""
+    state = model.state_dict()
+    if cfg.train_only == 'operator':
+        return {key: value for key, value in state.items() if '.coefficients.' in key}
+    return state
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -368,10 +404,13 @@ def walk_geometry(model, idx):
 
 
 def checkpoint_state(model, optimizer, scaler, cfg, meta, progress, data_rng, device):
-    """Everything a resumed run needs to continue exactly: weights, optimizer moments, config, progress, RNGs."""
-    return dict(model=model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
-                model_args=asdict(model.config), config=vars(cfg), **progress,
-                meta={k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos') if k in meta},
+    """Everything a resumed run needs to continue exactly: weights, optimizer moments, config, progress, RNGs; for a
+    pretrained model, the source its weights came from."""
+    return dict(model=saved_weights(model, cfg), weights=cfg.train_only, optimizer=optimizer.state_dict(),
+                scaler=scaler.state_dict(), model_args=asdict(model.config), config=vars(cfg), **progress,
+                source=model.source,
+                meta={k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos', 'tokenizer_source',
+                                           'tokenizer_fingerprint') if k in meta},
                 rng=dict(torch=torch.get_rng_state(), data=data_rng.get_state(),
                          cuda=torch.cuda.get_rng_state(device) if device.startswith('cuda') else None))
 
@@ -385,6 +424,7 @@ def restore_state(ckpt, optimizer, scaler, data_rng, cfg, device, rank):
         group.update({k: new[k] for k in ('weight_decay', 'betas', 'lr_mult')})
     scaler.load_state_dict(ckpt['scaler'])
     progress = {k: ckpt[k] for k in ('iter_num', 'tokens_seen', 'best_val_loss')}
+    progress['seconds'] = ckpt.get('seconds', 0.0)
     torch.set_rng_state(ckpt['rng']['torch'])
     if device.startswith('cuda') and ckpt['rng']['cuda'] is not None:
         torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
@@ -524,16 +564,19 @@ def train(argv, held):
     raw_model = build_model(cfg, data.meta['vocab_size'], ckpt)
     if rank > 0:
         torch.manual_seed(cfg.seed + rank)
-    if raw_model.config.vocab_size != data.meta['vocab_size']:
-        raise UserError(f"the model's vocabulary ({raw_model.config.vocab_size}) does not match the data's "
-                        f"({data.meta['vocab_size']}, {data.meta['tokenizer']} tokenizer in {data.dir})")
+    check_tokenizer(raw_model, data.meta, data.dir)
+    if cfg.walk_interval and not isinstance(raw_model, GPT):
+        raise UserError(f"walk_interval logs our GPT's geometry; for {raw_model.source} run walk.py on the run folder "
+                        f"after training (--walk_interval=0)")
     if cfg.block_size > raw_model.config.block_size:
         raise UserError(f"block_size={cfg.block_size} exceeds the model's {raw_model.config.block_size} positions")
     raw_model.to(device)
     scaler = torch.amp.GradScaler(device.split(':')[0], enabled=dtype == 'float16')
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                                device.split(':')[0])
-    progress = dict(iter_num=0, tokens_seen=0, best_val_loss=float('inf'))
+    # seconds: the wall time spent in this run so far, over every sitting (in ckpt.pt, not in log.jsonl, whose lines
+    # a resumed run writes exactly as an uninterrupted one)
+    progress = dict(iter_num=0, tokens_seen=0, best_val_loss=float('inf'), seconds=0.0)
     if resumed:
         progress = restore_state(ckpt, optimizer, scaler, data_rng, cfg, device, rank)
     ckpt = None  # the checkpoint's host copy of the weights and moments: gone before the run starts
@@ -570,6 +613,7 @@ def train(argv, held):
     # --- the loop ---------------------------------------------------------------------------------------------
     stop_request, stop = StopRequest(master), False
     iter_num, start_iter = progress['iter_num'], progress['iter_num']
+    last_step_end = time.time()
     peak = peak_flops(device, dtype)
     bar = tqdm(total=cfg.max_iters, initial=iter_num, disable=not master or not sys.stderr.isatty(),
                dynamic_ncols=True, unit='it')
@@ -639,7 +683,9 @@ def train(argv, held):
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
-        progress.update(iter_num=iter_num, tokens_seen=progress['tokens_seen'] + tokens_per_iter)
+        progress.update(iter_num=iter_num, tokens_seen=progress['tokens_seen'] + tokens_per_iter,
+                        seconds=progress['seconds'] + time.time() - last_step_end)
+        last_step_end = time.time()
         window['iters'] += 1
         bar.update(1)
         if iter_num == start_iter + 1:  # the first step compiles: the timing starts after it

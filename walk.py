@@ -98,6 +98,8 @@ def load_source(source, kind, device):
     or a Llama / Qwen2 / Qwen3 / Gemma 3 / BERT folder, .gguf file or packaged model (walk_hf)."""
     if kind in ('run', 'gpt2'):
         model, meta = load_model(source)
+        if isinstance(model, walk_hf.PretrainedLM):  # a run that fine-tuned a pretrained transformers model
+            return walk_hf.run_walk(model, device)
         return GPTWalk(model.to(device)), TextCodec(tokenizer_from_meta(meta)[0]), model.config.block_size
     return walk_hf.load(source, device)
 
@@ -120,7 +122,8 @@ def architecture(walker):
 
 def parts(walker):
     """The walks of a model: the attention part, and for the operator family also the full operator."""
-    operator = isinstance(walker, GPTWalk) and walker.module.config.operator != 'attention'
+    operator = walker.module.config.operator != 'attention' if isinstance(walker, GPTWalk) else \
+        walker.has_operator
     return ['attention', 'operator'] if operator else ['attention']
 
 

@@ -12,6 +12,7 @@ command line. (GPT-2 is read as our own GPT, through common.load_model.)
 
 import contextlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -22,9 +23,11 @@ import zipfile
 from typing import Callable, NamedTuple
 
 import torch
+from torch.nn import functional as F
 
 from common import GPT2_NAMES, TextCodec, UserError
 from connection import WalkLayer
+from model import GPT, GPTConfig, OperatorCoefficients, next_token
 
 
 class Family(NamedTuple):
@@ -80,15 +83,27 @@ class HFWalk:
     def __init__(self, model, specials=(1, 1)):
         if model.config.model_type not in FAMILIES:
             raise ValueError(f"model_type {model.config.model_type!r} is not one of {', '.join(FAMILIES)}")
-        if model.config._attn_implementation != 'eager':
-            model.set_attn_implementation('eager')  # SDPA and flash kernels never form P, so they cannot return it
         self.family = FAMILIES[model.config.model_type]
         self.module = self.family.text_model(model.base_model)  # LlamaForCausalLM → LlamaModel: no head
         self.causal = self.family.causal
         self.specials = (0, 0) if self.causal else tuple(specials)
+        # SDPA and flash kernels never form P, so they cannot return it: eager attention, with the operator after it
+        # in a model that has one (PretrainedLM), so that later layers see what the trained model computes
+        first = self.family.attention(self.module)[0]
+        self.has_operator = hasattr(first, 'coefficients') and not first.coefficients.is_plain_attention
+        if self.has_operator:
+            register_operator_attention()
+        wanted = OPERATOR_ATTENTION_EAGER if self.has_operator else 'eager'
+        if model.config._attn_implementation != wanted:
+            model.set_attn_implementation(wanted)
 
     def layers(self):
-        return [WalkLayer(*self.family.heads(attn, self.module.config)) for attn in self.family.attention(self.module)]
+        """A WalkLayer per layer, with the operator's (c_I, c_P) where the model has one."""
+        out = []
+        for attn in self.family.attention(self.module):
+            c = attn.coefficients() if self.has_operator else ()
+            out.append(WalkLayer(*self.family.heads(attn, self.module.config), *(t.detach() for t in c)))
+        return out
 
     def attention_probs(self, idx):
         extra = dict(use_cache=False) if self.causal else {}
@@ -325,3 +340,214 @@ def random_twin(walker, seed):
     torch.manual_seed(seed)
     model = transformers.AutoModel.from_config(walker.module.config, attn_implementation='eager').float()
     return HFWalk(model.to(next(walker.module.parameters()).device).eval(), walker.specials)
+
+
+# ---------------------------------------------------------------------------------------------- the operator inside
+
+# The operator family inside a transformers causal LM. transformers looks a layer's attention function up by name
+# (config._attn_implementation) in its AttentionInterface registry; 'corridor' is ours: the model's own SDPA call
+# (its masks, GQA, sliding windows and scaling untouched), then the same line as model.py's math path.
+OPERATOR_ATTENTION = 'corridor'              # SDPA, then the operator: training, sampling
+OPERATOR_ATTENTION_EAGER = 'corridor_eager'  # the model's own eager attention (P returned), then the operator: walk.py
+CAUSAL_FAMILIES = ('gpt2', *(name for name, family in FAMILIES.items() if family.causal))
+
+
+def apply_operator(module, pv, query, value):
+    """out_h = c_I·V_h + c_P·(P_h V_h) for P·V [B, T, H, d_h] from one of transformers' attention functions, with this
+    layer's (c_I, c_P) from module.coefficients (model.OperatorCoefficients). query [B, H, T, d_h]; value
+    [B, n_kv, S, d_h], S ≥ T with a KV cache (the query positions are the last T)."""
+    H, T = query.shape[1], query.shape[2]
+    # the identity term reads each query head's own value head: with GQA, query head h reads KV head h // (H / n_kv)
+    v = value[:, :, -T:].repeat_interleave(H // value.shape[1], dim=1).transpose(1, 2)  # [B, T, H, d_h]
+    c_I, c_P = (c.view(-1, 1) for c in module.coefficients())   # one (c_I, c_P) per head
+    return c_I * v + c_P * pv                                      # out_h = c_I·V_h + c_P·(P_h V_h)
+
+
+def operator_attention(module, query, key, value, attention_mask, **kwargs):
+    """transformers' SDPA attention (its masks, GQA, sliding windows and scaling untouched), then the operator."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    pv, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return apply_operator(module, pv, query, value), None
+
+
+def operator_attention_eager(module, query, key, value, attention_mask, **kwargs):
+    """The model's own eager attention (its modeling file's eager_attention_forward, which returns P), then the
+    operator."""
+    eager = sys.modules[type(module).__module__].eager_attention_forward
+    pv, probs = eager(module, query, key, value, attention_mask, **kwargs)
+    return apply_operator(module, pv, query, value), probs
+
+
+def register_operator_attention():
+    """Make the two names transformers attention functions, with SDPA's and eager attention's masks (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+    AttentionInterface.register(OPERATOR_ATTENTION, operator_attention)
+    AttentionInterface.register(OPERATOR_ATTENTION_EAGER, operator_attention_eager)
+    AttentionMaskInterface.register(OPERATOR_ATTENTION, sdpa_mask)
+    AttentionMaskInterface.register(OPERATOR_ATTENTION_EAGER, eager_mask)
+
+
+def run_walk(model, device):
+    """(HFWalk, TextCodec, longest sequence) of a trained PretrainedLM (walk.py on its run folder): the walk of the
+    model as trained, the operator included, read with its source's tokenizer."""
+    tokenizer = load_tokenizer(model.source)
+    prefix, suffix = special_tokens(tokenizer)
+    walker = HFWalk(model.lm.to(device).eval(), (len(prefix), len(suffix)))
+    codec = TextCodec(lambda text: tokenizer(text, add_special_tokens=False)['input_ids'], prefix, suffix)
+    return walker, codec, walker.module.config.max_position_embeddings
+
+
+def attention_modules(lm):
+    """A causal LM's attention modules, first layer first."""
+    kind = lm.config.model_type
+    if kind == 'gpt2':
+        return [block.attn for block in lm.base_model.h]
+    family = FAMILIES[kind]
+    return family.attention(family.text_model(lm.base_model))
+
+
+def text_config(lm):
+    config = lm.config
+    return config.get_text_config() if hasattr(config, 'get_text_config') else config
+
+
+class PretrainedLM(torch.nn.Module):
+    """A transformers causal LM (Llama, Qwen2/3, Gemma 3, GPT-2) whose every attention head applies one operator of
+    model.py's family: each attention module gets an OperatorCoefficients, exactly as our GPT's, and the model runs
+    operator_attention. At γ0 = 0, δ0 = 1 (the default) it computes the pretrained model's logits.
+
+    It answers what train.py, sample.py and analyze.py ask of model.GPT: forward(idx, targets) -> (logits, loss),
+    operator_coefficients(), operator_parameters(), configure_optimizers(), get_num_params(), flops_per_token(),
+    generate(), and `config`: a GPTConfig with the model's sizes and the operator keys."""
+
+    def __init__(self, lm, config, source):
+        super().__init__()
+        self.lm, self.config, self.source = lm, config, source
+        for attn in attention_modules(lm):
+            attn.coefficients = OperatorCoefficients(config)
+        register_operator_attention()
+        lm.set_attn_implementation(OPERATOR_ATTENTION)
+
+    def forward(self, idx, targets=None):
+        logits = self.lm(input_ids=idx, use_cache=False).logits
+        loss = None
+        if targets is not None:
+            # at least float32 (bf16 logits under autocast), float64 in a float64 model
+            logits32 = logits.flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32))
+            loss = F.cross_entropy(logits32, targets.flatten(), ignore_index=-1)
+        return logits, loss
+
+    def operator_coefficients(self):
+        """(c_I, c_P) of every head: [n_layer, n_head, 2], detached, on CPU (as GPT's)."""
+        with torch.no_grad():
+            return torch.stack([torch.stack(attn.coefficients(), dim=-1).float().cpu()
+                                for attn in attention_modules(self.lm)])
+
+    def operator_parameters(self):
+        return [p for attn in attention_modules(self.lm) for p in attn.coefficients.parameters()]
+
+    configure_optimizers = GPT.configure_optimizers  # the same groups: it only asks for the two methods above
+
+    def get_num_params(self, non_embedding=True):
+        """Parameters; the input embedding excluded by default (an LM head tied to it then counts once)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.lm.get_input_embeddings().weight.numel() if non_embedding else n
+
+    def flops_per_token(self, seq_len):
+        """6N + 12·L·H·d_h·T (PaLM appendix B), as GPT's; d_h is the model's head size."""
+        config = text_config(self.lm)
+        d_h = getattr(config, 'head_dim', None) or config.hidden_size // config.num_attention_heads
+        return 6 * self.get_num_params() + 12 * self.config.n_layer * self.config.n_head * d_h * seq_len
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None):
+        """As GPT.generate, through the model's own KV cache (the operator's identity term reads the new token's
+        value, the cache only feeds P·V)."""
+        past = None
+        cache_key = 'cache' if 'cache' in inspect.signature(self.lm.forward).parameters else 'past_key_values'  # 5.24+
+        for _ in range(max_new_tokens):
+            if past is None:
+                out = self.lm(input_ids=idx, use_cache=use_cache)
+            else:
+                out = self.lm(input_ids=idx[:, -1:], use_cache=True, **{cache_key: past})
+            past = getattr(out, cache_key) if use_cache else None
+            logits = out.logits[:, -1, :]
+            idx = torch.cat((idx, next_token(logits.to(torch.promote_types(logits.dtype, torch.float32)), temperature,
+                                             top_k, generator)), dim=1)
+        return idx
+
+
+def load_pretrained(source, **operator_keys):
+    """(PretrainedLM, meta) for a causal LM source (a transformers folder, hub name, .gguf file or packaged model)
+    with the operator of operator_keys (model.OPERATOR_KEYS; dropout is the model's own). meta names the tokenizer as
+    a dataset's meta.json does, so sample.py decodes with it."""
+    kind = model_type(source)
+    if kind not in CAUSAL_FAMILIES:
+        raise UserError(f"{source} is a {kind} model, not a causal LM: train.py and sample.py take "
+                        f"{', '.join(CAUSAL_FAMILIES)}")
+    import transformers
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()  # a bar per load on stderr: a one-line error must stay one line
+    with model_folder(source) as folder:
+        try:  # float32 weights: train.py's autocast picks the compute dtype, as for our GPT
+            lm = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        except Exception as e:
+            raise UserError(f"cannot load {source!r}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+        fingerprint = tokenizer_fingerprint(load_tokenizer(source, folder))
+    config = text_config(lm)
+    try:
+        gpt_config = GPTConfig(block_size=config.max_position_embeddings, vocab_size=config.vocab_size,
+                               n_layer=config.num_hidden_layers, n_head=config.num_attention_heads,
+                               n_embd=config.hidden_size, bias=False, **operator_keys)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    meta = dict(tokenizer='hf', tokenizer_source=source, tokenizer_fingerprint=fingerprint,
+                vocab_size=config.vocab_size)
+    return PretrainedLM(lm, gpt_config, source), meta
+
+
+def parameter_count(source):
+    """Parameters of a causal LM source without its input embedding (the count 6N uses), from its config alone (meta
+    tensors, no weights read): sweep.py's --plan, before a GPU is rented."""
+    import transformers
+    try:
+        if is_gguf(source):
+            config = transformers.AutoConfig.from_pretrained(gguf_folder(gguf_path(source)))
+        else:
+            config = transformers.AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {source}'s config for the estimate ({type(e).__name__}): no network? pass a "
+                        f"local folder with --init_from") from None
+    with torch.device('meta'):
+        lm = transformers.AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in lm.parameters()) - lm.get_input_embeddings().weight.numel()
+
+
+# ---------------------------------------------------------------------------------------------- its tokenizer
+
+def load_tokenizer(source, folder=None):
+    """The tokenizer saved with a source (a GGUF file's is rebuilt once, in its cached folder)."""
+    import transformers
+    transformers.logging.set_verbosity_error()
+    with contextlib.ExitStack() as stack:
+        folder = folder or stack.enter_context(model_folder(source))
+        try:
+            return transformers.AutoTokenizer.from_pretrained(folder)
+        except Exception as e:
+            raise UserError(f"{source!r} has no usable tokenizer ({type(e).__name__}): save one beside the model "
+                            f"(tokenizer.json)") from None
+
+
+def tokenizer_fingerprint(tokenizer):
+    """16 hex digits of the vocabulary (every token and its id): data prepared with another tokenizer, even one of
+    the same size, does not match a model's."""
+    import hashlib
+    vocabulary = json.dumps(sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]), ensure_ascii=False)
+    return hashlib.sha256(vocabulary.encode()).hexdigest()[:16]
+
+
+def hf_codec(source):
+    """(encode, decode) with a source's own tokenizer, no special tokens added (as prepare.py tokenizes)."""
+    tokenizer = load_tokenizer(source)
+    return (lambda text: tokenizer(text, add_special_tokens=False)['input_ids']), tokenizer.decode

@@ -795,3 +795,91 @@ def test_train_prepares_shakespeare_char_itself_when_its_folder_is_missing(tmp_p
     again = run_script('train.py', str(REPO / 'configs' / 'shakespeare_char.py'), '--data_root=data', '--out_dir=out2',
                        '--max_iters=0', '--n_layer=1', '--n_embd=16', '--n_head=2', cwd=tmp_path)
     assert again.returncode == 0 and 'preparing' not in again.stdout  # prepared once
+
+
+# ------------------------------------------------------------------------------------------------------------
+# a pretrained transformers model (walk_hf.PretrainedLM): operator-only fine-tuning
+
+@pytest.fixture(scope='module')
+def tiny_pretrained(tmp_path_factory):
+    """(root, model folder, dataset name): a random tiny Llama (4 query heads on 2 KV heads) saved as a transformers
+    folder with a word-level tokenizer, and WikiText-2-shaped files prepared with that tokenizer by prepare.py."""
+    import transformers
+    from conftest import synthetic_text
+    from test_walk import save_word_tokenizer
+    root = tmp_path_factory.mktemp('pretrained')
+    text = synthetic_text(600)
+    model_dir = root / 'tiny-llama'
+    save_word_tokenizer(model_dir, text, bert=False)
+    vocab = len(transformers.AutoTokenizer.from_pretrained(model_dir))
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)).save_pretrained(model_dir)
+    (root / 'wiki').mkdir()
+    (root / 'wiki' / 'wiki.valid.raw').write_text(text)
+    (root / 'wiki' / 'wiki.test.raw').write_text(synthetic_text(300, seed=1))
+    result = run_script('prepare.py', 'wikitext2', '--input', root / 'wiki', f'--tokenizer={model_dir}',
+                        '--data_root', root, cwd=root)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return root, model_dir, 'wikitext2_tiny-llama'
+
+
+def train_pretrained(tiny_pretrained, out, *args):
+    root, model_dir, dataset = tiny_pretrained
+    return run_script('train.py', '--device=cpu', '--compile=False', f'--init_from={model_dir}', f'--dataset={dataset}',
+                      f'--data_root={root}', f'--out_dir={out}', '--block_size=16', '--batch_size=4',
+                      '--gradient_accumulation_steps=1', '--learning_rate=2e-2', '--warmup_iters=2', '--eval_iters=2',
+                      '--log_interval=5', '--eval_interval=5', '--dtype=float32', *args, cwd=root)
+
+
+def test_operator_only_fine_tuning_trains_the_scalars_saves_only_them_and_resumes_exactly(tiny_pretrained, tmp_path):
+    root, model_dir, dataset = tiny_pretrained
+    meta = json.loads((root / dataset / 'meta.json').read_text())
+    assert meta['tokenizer'] == 'hf' and meta['tokenizer_source'] == str(model_dir)
+    common = ['--operator=corridor', '--train_only=operator', '--lr_decay_iters=20']
+    whole, parts = tmp_path / 'whole', tmp_path / 'parts'
+    result = train_pretrained(tiny_pretrained, whole, *common, '--max_iters=20')
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert train_pretrained(tiny_pretrained, parts, *common, '--max_iters=10').returncode == 0
+    resumed = run_script('train.py', '--init_from=resume', f'--out_dir={parts}', '--max_iters=20', cwd=root)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (whole / 'log.jsonl').read_text() == (parts / 'log.jsonl').read_text()
+
+    log = read_log(whole)
+    assert log[0]['gamma'] == [[0.0] * 4] * 2 and log[-1]['gamma'] != log[0]['gamma']  # γ moved from 0
+    ckpt = torch.load(whole / 'ckpt.pt', weights_only=True)
+    assert (ckpt['source'], ckpt['weights']) == (str(model_dir), 'operator')
+    assert sorted(ckpt['model']) == [f'lm.model.layers.{l}.self_attn.coefficients.{n}' for l in (0, 1)
+                                     for n in ('delta', 'gamma')]  # the scalars only: the frozen weights stay out
+    # the frozen weights are the source's: the model rebuilt from the checkpoint has them and the trained scalars
+    import transformers
+    from common import load_model
+    model, _ = load_model(str(whole))
+    source = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    for name, p in source.named_parameters():
+        assert torch.equal(dict(model.lm.named_parameters())[name], p), name
+    torch.testing.assert_close(model.operator_coefficients()[..., 1], torch.tensor(log[-1]['c_P']))
+
+    sample = run_script('sample.py', f'--out_dir={whole}', '--start=the cat', '--num_samples=1', '--max_new_tokens=5',
+                        '--device=cpu', cwd=root)
+    assert sample.returncode == 0 and sample.stdout.startswith('the cat'), sample.stderr[-2000:]
+
+
+def test_bad_pretrained_setups_are_one_line(tiny_pretrained, tiny_data_root, tmp_path):
+    root, model_dir, dataset = tiny_pretrained
+    # data tokenized with another tokenizer (characters), even of another size
+    result = train_pretrained(tiny_pretrained, tmp_path / 'a', '--max_iters=2', f'--data_root={tiny_data_root}',
+                              '--dataset=tiny')
+    assert_one_line_error(result, "was tokenized with char's tokenizer", f'--tokenizer={model_dir}')
+    result = train_pretrained(tiny_pretrained, tmp_path / 'b', '--max_iters=2', '--train_only=operator')
+    assert_one_line_error(result, "operator='attention' has no learnable scalars")
+    result = run_script('train.py', *TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', f'--out_dir={tmp_path / "c"}',
+                        '--train_only=operator', cwd=tiny_data_root)
+    assert_one_line_error(result, "train_only='operator' freezes pretrained weights: give --init_from=SOURCE")
+    result = train_pretrained(tiny_pretrained, tmp_path / 'd', '--max_iters=2', '--vocab_size=64')
+    assert_one_line_error(result, 'vocab_size comes from the data')
+    (tmp_path / 'encoder').mkdir()
+    (tmp_path / 'encoder' / 'config.json').write_text('{"model_type": "bert"}')
+    result = train_pretrained(tiny_pretrained, tmp_path / 'e', '--max_iters=2', f'--init_from={tmp_path / "encoder"}')
+    assert_one_line_error(result, 'is a bert model, not a causal LM')

