@@ -328,7 +328,8 @@ def load_run(out_dir):
     gamma, delta = gamma_delta(model.operator_coefficients())
     return dict(name=os.path.basename(os.path.normpath(out_dir)), out_dir=out_dir, config=ckpt['config'],
                 iter=ckpt['iter_num'], log=read_log(out_dir), gamma=gamma, delta=delta, snapshots=snapshots,
-                params=model.get_num_params(), source=ckpt.get('source'), seconds=ckpt.get('seconds'))
+                params=model.get_num_params(), source=ckpt.get('source'), seconds=ckpt.get('seconds'),
+                non_embedding=model.non_embedding_params() if hasattr(model, 'non_embedding_params') else None)
 
 
 

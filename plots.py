@@ -6,6 +6,7 @@ The figures more than one tool draws, and the matplotlib setup they share: every
     walk_series, plot_walk_evolution                                 the connection walk over training (both)
 """
 
+import math
 import os
 
 import matplotlib
@@ -29,7 +30,8 @@ def save(fig, path):
 
 def plot_occupancy(reports, path):
     """reports: {label: occupancy report}: grouped bars, one group per layer."""
-    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(next(iter(reports.values()))['layers'])) + 1.6, 3.6))
+    n_layer = len(next(iter(reports.values()))['layers'])
+    fig, ax = plt.subplots(figsize=(min(16, max(5, 1.2 * n_layer)) + 1.6, 3.6))
     width = 0.8 / len(reports)
     for k, (label, report) in enumerate(reports.items()):
         layers = [r['layer'] for r in report['layers']]
@@ -57,28 +59,41 @@ def plot_gamma_delta(runs, path):
         ax.set_xlabel('γ = c_I / c_P')
         ax.set_ylabel('δ = c_P')
         ax.set_title(label, fontsize=10)
-        ax.legend(fontsize=7, loc='best')
+        if len(gamma) <= 8:
+            ax.legend(fontsize=7, loc='best')
+        else:  # a pretrained model's 30 layers: a colour scale, not 30 legend entries
+            scale = plt.cm.ScalarMappable(cmap='viridis', norm=plt.Normalize(0, len(gamma) - 1))
+            fig.colorbar(scale, ax=ax, label='layer')
     fig.suptitle('Every head in the (γ, δ) plane', fontsize=11)
     return save(fig, path)
 
 
 def plot_evolution(log, path, title):
-    """γ (top) and δ (bottom) of every head against tokens seen, one column per layer."""
+    """γ (upper row) and δ (lower row) of every head against tokens seen, one column per layer, at most six columns
+    (a 30-layer model wraps into five pairs of rows). γ's axis spans the heads' values and 0, the corridor shaded."""
     tokens = [e['tokens'] / 1e6 for e in log]
     gamma = torch.tensor([e['gamma'] for e in log])  # [evals, layers, heads]
     delta = torch.tensor([e['delta'] for e in log])
     n_layer = gamma.shape[1]
-    fig, axes = plt.subplots(2, n_layer, figsize=(3.2 * n_layer, 5.4), sharex=True, squeeze=False)
+    columns = min(n_layer, 6)
+    pairs = math.ceil(n_layer / columns)
+    fig, axes = plt.subplots(2 * pairs, columns, figsize=(3.2 * columns, 2.7 * 2 * pairs), sharex=True, squeeze=False)
     for layer in range(n_layer):
-        top, bottom = axes[0][layer], axes[1][layer]
-        top.axhspan(-1, 0, color='tab:green', alpha=0.12)
+        top, bottom = axes[2 * (layer // columns)][layer % columns], axes[2 * (layer // columns) + 1][layer % columns]
         for head in range(gamma.shape[2]):
             top.plot(tokens, gamma[:, layer, head].tolist(), lw=1.2)
             bottom.plot(tokens, delta[:, layer, head].tolist(), lw=1.2)
+        low, high = min(gamma[:, layer].min().item(), 0.0), max(gamma[:, layer].max().item(), 0.0)
+        margin = max(0.1 * (high - low), 1e-3)
+        top.set_ylim(low - margin, high + margin)
+        top.axhspan(-1, 0, color='tab:green', alpha=0.12)
         top.set_title(f'layer {layer}', fontsize=10)
+        top.set_ylabel('γ (shaded: the corridor)' if layer % columns == 0 else '')
+        bottom.set_ylabel('δ' if layer % columns == 0 else '')
         bottom.set_xlabel('tokens seen (millions)')
-    axes[0][0].set_ylabel('γ (shaded: the corridor)')
-    axes[1][0].set_ylabel('δ')
+    for empty in range(n_layer, pairs * columns):
+        axes[2 * (empty // columns)][empty % columns].axis('off')
+        axes[2 * (empty // columns) + 1][empty % columns].axis('off')
     fig.suptitle(f'{title}: γ and δ of every head (one line per head)', fontsize=11)
     return save(fig, path)
 

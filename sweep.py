@@ -320,9 +320,10 @@ def print_plan(runs):
             flops, params, non_embedding = model.flops_per_token(config['block_size']), model.get_num_params(), \
                 non_embedding_params(config)
         else:  # a pretrained transformers model: counted from its config; frozen weights need no weight gradients
-            params = non_embedding = walk_hf.parameter_count(config['init_from'])
-            flops = (4 if config['train_only'] == 'operator' else 6) * params
-            vocab = vocab or 'its own'
+            params, non_embedding = walk_hf.parameter_count(config['init_from'])
+            flops = (4 if config['train_only'] == 'operator' else 6) * params  # no weight gradients when frozen
+            prepared = os.path.isfile(os.path.join(config['data_root'], config['dataset'], 'meta.json'))
+            vocab = vocab if prepared else 'its own'  # (not GPT-2's: dataset_vocab's guess for a BPE dataset)
         hours = tokens * flops / (PLAN_MFU * PLAN_PEAK) / 3600
         row = rows.setdefault(setting, dict(non_embedding=non_embedding, vocab=vocab, params=params if vocab else None,
                                             tokens=tokens, hours=hours, runs=0, todo=0))
@@ -585,8 +586,8 @@ def summarize(loaded, variants):
                      occupancy_beyond_first=statistics.fmean(o['occupancy_beyond_first'] or 0 for o in occupancy),
                      gamma_mean=statistics.fmean(loaded[(variant, s)]['gamma'].mean().item() for s in seeds),
                      delta_mean=statistics.fmean(loaded[(variant, s)]['delta'].mean().item() for s in seeds),
-                     params=first['params'], non_embedding_params=first['params'] if first['source'] and not
-                     first['source'].startswith('gpt2') else non_embedding_params(first['config']),
+                     params=first['params'], non_embedding_params=first['non_embedding'] or
+                     non_embedding_params(first['config']),
                      tokens=first['log'][-1]['tokens'], operator_scalars=first['config']['operator'] != 'attention')
         if variant != 'attention':
             entry['vs_attention_differences'] = paired_differences(loaded, variant, 'attention')

@@ -450,9 +450,16 @@ class PretrainedLM(torch.nn.Module):
     configure_optimizers = GPT.configure_optimizers  # the same groups: it only asks for the two methods above
 
     def get_num_params(self, non_embedding=True):
-        """Parameters; the input embedding excluded by default (an LM head tied to it then counts once)."""
+        """Parameters, as GPT counts them: position embeddings excluded (RoPE models have none), the token embedding
+        counted when it is the output layer too (tied), not when it is only a lookup."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.lm.get_input_embeddings().weight.numel() if non_embedding else n
+        embedding, output = self.lm.get_input_embeddings().weight, self.lm.get_output_embeddings()
+        tied = output is not None and output.weight is embedding
+        return n - embedding.numel() if non_embedding and not tied else n
+
+    def non_embedding_params(self):
+        """Parameters without the token embedding (nor an output layer tied to it): a scaling law's count."""
+        return sum(p.numel() for p in self.parameters()) - self.lm.get_input_embeddings().weight.numel()
 
     def flops_per_token(self, seq_len):
         """6N + 12·L·H·d_h·T (PaLM appendix B), as GPT's; d_h is the model's head size."""
@@ -508,8 +515,9 @@ def load_pretrained(source, **operator_keys):
 
 
 def parameter_count(source):
-    """Parameters of a causal LM source without its input embedding (the count 6N uses), from its config alone (meta
-    tensors, no weights read): sweep.py's --plan, before a GPU is rented."""
+    """(parameters as PretrainedLM.get_num_params counts them, the count 6N uses; without the token embedding) of a
+    causal LM source, from its config alone (meta tensors, no weights read): sweep.py's --plan, before a GPU is
+    rented."""
     import transformers
     try:
         if is_gguf(source):
@@ -521,7 +529,9 @@ def parameter_count(source):
                         f"local folder with --init_from") from None
     with torch.device('meta'):
         lm = transformers.AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in lm.parameters()) - lm.get_input_embeddings().weight.numel()
+    total, embedding = sum(p.numel() for p in lm.parameters()), lm.get_input_embeddings().weight.numel()
+    tied = lm.get_output_embeddings() is not None and lm.get_output_embeddings().weight is lm.get_input_embeddings().weight
+    return (total if tied else total - embedding), total - embedding
 
 
 # ---------------------------------------------------------------------------------------------- its tokenizer

@@ -478,3 +478,46 @@ def test_geometry_report_states_attentions_value_and_the_paired_differences(fake
     assert_cell(cells[3], [0.04, 0.05, 0.06], 'inconclusive, no effect larger than 0.075', family_size=12)
     assert_cell(cells[4], [-0.2, -0.1, -0.3], 'inconclusive, no effect larger than 0.45', family_size=12)
     assert any(line.startswith('| δ_orth | middle | 1.3 | ') for line in lines)  # layers 1–3
+
+
+def test_the_pretrained_plan_counts_the_models_own_parameters_and_no_weight_gradients_when_frozen(tmp_path):
+    """A Llama config folder (no weights): its parameters as train.py counts them (tied embedding once) and without
+    the embedding, by hand; operator-only runs cost 4N per token (no weight gradients), full fine-tuning 6N."""
+    import transformers
+    config = transformers.LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    config.save_pretrained(tmp_path / 'llama')
+    layer = 64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64   # q, o; k, v (2 KV heads of 16); the MLP; two norms
+    non_embedding = 3 * layer + 64                               # and the final norm
+    result = run_script('sweep.py', '--study=pretrained', '--gpu=True', '--plan=True', f'--out_root={tmp_path}', '--',
+                        f'--init_from={tmp_path / "llama"}', cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = plan_rows(result.stdout)
+    operator, full = rows['wikitext2_qwen2.5-0.5b/operator'], rows['wikitext2_qwen2.5-0.5b/full']
+    assert operator[0] == f'{non_embedding / 1e6:.2f}M' and operator[1] == f'{(non_embedding + 64000) / 1e6:.0f}M'
+    tokens = {name: float(row[2].split('M')[0]) for name, row in (('operator', operator), ('full', full))}
+    hours = {name: float(row[3]) for name, row in (('operator', operator), ('full', full))}
+    assert hours['full'] / hours['operator'] == pytest.approx(6 / 4 * tokens['full'] / tokens['operator'], rel=0.02)
+
+
+def test_the_pretrained_report_pairs_the_corridor_with_delta_only_and_with_the_frozen_model(tmp_path):
+    """Made-up runs of two seeds: corridor − δ-only is paired at the final evaluation, each − frozen against its own
+    run's evaluation at iteration 0 (γ = 0, δ = 1: the frozen model on the same batches)."""
+    def run(first, last, gamma, seconds):
+        log = [dict(iter=i, tokens=i * 1000, val_loss=v, gamma=[[g] * 2] * 3) for i, v, g in
+               ((0, first, 0.0), (5, (first + last) / 2, gamma / 2), (10, last, gamma))]
+        return dict(log=log, seconds=seconds)
+    loaded = {('corridor', 0): run(3.00, 2.90, -0.2, 600), ('corridor', 1): run(3.10, 2.96, -0.3, 660),
+              ('delta_only', 0): run(3.00, 2.95, 0.0, 590), ('delta_only', 1): run(3.10, 3.02, 0.0, 650)}
+    summary = {v: dict(seeds=[0, 1]) for v in ('corridor', 'delta_only')}
+    tests = sweep.Tests()
+    lines = sweep.pretrained_figures({'wiki/operator': (loaded, summary)}, str(tmp_path), tests, 'pretrained')
+    tests.finish()
+    text = tests.fill('\n'.join(lines))
+    by_label = {t['label']: t for t in tests.tests}
+    assert by_label['wiki/operator: corridor − delta_only']['differences'] == pytest.approx([-0.05, -0.06])
+    assert by_label['wiki/operator: corridor − frozen']['differences'] == pytest.approx([-0.10, -0.14])
+    assert by_label['wiki/operator: delta_only − frozen']['differences'] == pytest.approx([-0.05, -0.08])
+    assert '| wiki/operator | corridor | 1 | 3.1000 → 2.9600 | -0.300 [-0.30, -0.30] | 100% | 100% | 0.150 | 11 min |' \
+        in text
+    assert (tmp_path / 'pretrained_wiki_operator.png').stat().st_size > 1000
