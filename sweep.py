@@ -586,7 +586,7 @@ def summarize(loaded, variants):
                      occupancy_beyond_first=statistics.fmean(o['occupancy_beyond_first'] or 0 for o in occupancy),
                      gamma_mean=statistics.fmean(loaded[(variant, s)]['gamma'].mean().item() for s in seeds),
                      delta_mean=statistics.fmean(loaded[(variant, s)]['delta'].mean().item() for s in seeds),
-                     params=first['params'], non_embedding_params=first['non_embedding'] or
+                     params=first['params'], non_embedding_params=first.get('non_embedding') or
                      non_embedding_params(first['config']),
                      tokens=first['log'][-1]['tokens'], operator_scalars=first['config']['operator'] != 'attention')
         if variant != 'attention':
@@ -811,6 +811,13 @@ def scales_figures(results, out, tests, study):
 DEEP = -0.05  # claim (b)'s "inside the corridor", read strictly: a head at γ = −0.01 is hardly off attention
 
 
+def last_quarter_range(gamma):
+    """How far γ still moves at the end: over the evaluations of the last quarter, the largest range of one head's γ
+    (the head that moves most). gamma: [evaluations, layers, heads]."""
+    tail = gamma[int(0.75 * (len(gamma) - 1)):]
+    return (tail.max(0).values - tail.min(0).values).max().item()
+
+
 def gamma_dynamics_figures(results, out, tests, study):
     """Where γ settles: every head's γ against tokens (per variant), occupancy over time, and per seed and layer the
     fraction of heads with −1 < γ < −0.05 at the end, and how far the heads still move in the last quarter."""
@@ -841,8 +848,7 @@ def gamma_dynamics_figures(results, out, tests, study):
                 last = gamma[-1]
                 deep = ((last > -1) & (last < DEEP)).float()
                 deep_beyond_first.append(deep[1:].mean().item())
-                tail = gamma[int(0.75 * (len(log) - 1)):]  # the evaluations of the last quarter
-                settling = (tail.max(0).values - tail.min(0).values).max().item()
+                settling = last_quarter_range(gamma)
                 gap = loaded[(v, s)]['log'][-1]['val_loss'] - loaded[('attention', s)]['log'][-1]['val_loss'] \
                     if ('attention', s) in loaded else float('nan')
                 lines.append(f"| {setting} | {v} | {s} | {' / '.join(f'{x:.0%}' for x in deep.mean(1).tolist())} | "
@@ -895,8 +901,7 @@ def pretrained_figures(results, out, tests, study):
             log = run['log']
             gamma = torch.tensor([e['gamma'] for e in log])  # [evals, layers, heads]
             last = gamma[-1]
-            tail = gamma[int(0.75 * (len(log) - 1)):]
-            settling = (tail.max(0).values - tail.min(0).values).max().item()
+            settling = last_quarter_range(gamma)
             wall = f"{run['seconds'] / 60:.0f} min" if run['seconds'] else '–'
             rows.append(f"| {setting} | {variant} | {seed} | {log[0]['val_loss']:.4f} → {log[-1]['val_loss']:.4f} | "
                         f"{last.mean():+.3f} [{last.min():+.2f}, {last.max():+.2f}] | {in_corridor(last).float().mean():.0%} | "

@@ -17,6 +17,7 @@ def test_the_probe_is_the_derivative_of_the_loss_in_gamma_at_the_model(trained_r
     gammas = corridor_at_the_model(model.double())
     grads, losses = probe(model, gammas, windows, 'cpu')
     assert grads.shape == (3, 2, 2) and all(g.dtype == torch.float64 for g in gammas)
+    torch.testing.assert_close(model.operator_coefficients(), torch.tensor([[[0.0, 1.0]] * 2] * 2))  # γ = 0, δ = 1
 
     def mean_loss(layer, head, shift):  # the mean of the sequences' losses with one head's γ moved
         with torch.no_grad():
