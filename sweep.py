@@ -44,10 +44,10 @@ from tqdm import tqdm
 from common import (PEAK_FLOPS, UserError, atomic_write, load_checkpoint, load_run, main_guard, model_config,
                     occupancy_report, parse_config)
 from connection import depth_regimes
-import walk_hf
 from model import GPT, in_corridor
 from plots import WALK_PANELS, plot_evolution, plot_gamma_delta, plot_occupancy, plot_walk_evolution, plt, save, walk_series
 from train import DEFAULTS as TRAIN_DEFAULTS  # train.py's config keys and defaults: every run a study plans is checked against them
+import walk_hf  # a pretrained model's parameter count for --plan
 
 # ------------------------------------------------------------------------------------------------ variants
 
