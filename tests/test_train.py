@@ -883,3 +883,21 @@ def test_bad_pretrained_setups_are_one_line(tiny_pretrained, tiny_data_root, tmp
     (tmp_path / 'encoder' / 'config.json').write_text('{"model_type": "bert"}')
     result = train_pretrained(tiny_pretrained, tmp_path / 'e', '--max_iters=2', f'--init_from={tmp_path / "encoder"}')
     assert_one_line_error(result, 'is a bert model, not a causal LM')
+
+
+def test_uint32_token_files_train_exactly_as_uint16_ones(tiny_data_root, tmp_path):
+    """meta.json's dtype: the same tokens stored as uint32 (prepare.py's format past 65,536 tokens) give the same run."""
+    import shutil
+    import numpy as np
+    wide = tmp_path / 'data'
+    shutil.copytree(tiny_data_root / 'tiny', wide / 'tiny')
+    for split in ('train', 'val'):
+        tokens = np.fromfile(tiny_data_root / 'tiny' / f'{split}.bin', dtype=np.uint16)
+        (wide / 'tiny' / f'{split}.bin').write_bytes(tokens.astype(np.uint32).tobytes())
+    meta = json.loads((wide / 'tiny' / 'meta.json').read_text())
+    (wide / 'tiny' / 'meta.json').write_text(json.dumps({**meta, 'dtype': 'uint32'}))
+    args = ['--max_iters=6', '--lr_decay_iters=6', '--eval_interval=3', '--eval_iters=2']
+    assert train(tiny_data_root, tmp_path / 'narrow', *args).returncode == 0
+    result = train(wide, tmp_path / 'wide', *args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert read_log(tmp_path / 'narrow') == read_log(tmp_path / 'wide')
