@@ -897,6 +897,7 @@ def pretrained_figures(results, out, tests, study):
             cell = tests.add(family(study, a, b), f'{setting}: {a} − {b}', differences)
             lines.append(f"| {setting} | {a} − {b} | {cell} |")
         fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+        extremes = [0.0]
         for (variant, seed), run in sorted(loaded.items()):
             log = run['log']
             gamma = torch.tensor([e['gamma'] for e in log])  # [evals, layers, heads]
@@ -909,6 +910,7 @@ def pretrained_figures(results, out, tests, study):
             if variant != 'corridor':
                 continue
             layers = range(last.shape[0])
+            extremes += [last.min().item(), last.max().item()]
             axes[0].plot(layers, last.mean(1).tolist(), marker='o', ms=3, label=f'mean over heads, seed {seed}')
             axes[0].fill_between(layers, last.min(1).values.tolist(), last.max(1).values.tolist(), alpha=0.15)
             axes[1].plot(layers, in_corridor(last).float().mean(1).tolist(), marker='o', ms=3, label=f'seed {seed}')
@@ -917,7 +919,10 @@ def pretrained_figures(results, out, tests, study):
                 axes[2].plot(tokens, gamma[:, layer].mean(1).tolist(), lw=0.8,
                              color=plt.cm.viridis(layer / max(1, len(layers) - 1)), alpha=0.8)
         axes[0].axhspan(-1, 0, color='tab:green', alpha=0.08)
-        axes[0].set(xlabel='layer', ylabel='final γ', title='corridor: γ by layer (band: min–max over heads)')
+        margin = 0.1 * (max(extremes) - min(extremes)) or 0.01
+        axes[0].set_ylim(min(extremes) - margin, max(extremes) + margin)  # the heads' values, not the whole corridor
+        axes[0].set(xlabel='layer', ylabel='final γ (shaded: the corridor)',
+                    title='corridor: γ by layer (band: min–max over heads)')
         axes[1].set(xlabel='layer', ylabel='fraction of heads', title='corridor: −1 < γ < 0 by layer', ylim=(-0.05, 1.05))
         axes[2].set(xlabel='tokens seen (thousands)', ylabel='mean γ of the layer',
                     title='corridor: γ over training (dark: first layers)')
