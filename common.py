@@ -159,8 +159,7 @@ def check_tokenizer(model, meta, data_dir):
             raise UserError(f"the model's vocabulary ({model.config.vocab_size}) does not match the data's "
                             f"({meta['vocab_size']}, {meta['tokenizer']} tokenizer in {data_dir})")
         return
-    hf = transformers_side()
-    if meta.get('tokenizer_fingerprint') != hf.tokenizer_fingerprint(hf.load_tokenizer(model.source)):
+    if meta.get('tokenizer_fingerprint') != model.tokenizer_fingerprint:  # computed as the model loaded
         used = meta.get('tokenizer_source', meta['tokenizer'])
         raise UserError(f"{data_dir} was tokenized with {used}'s tokenizer, not {model.source}'s: prepare the data "
                         f"with it, e.g. `python prepare.py {meta.get('dataset', 'wikitext2')} --tokenizer={model.source}`")

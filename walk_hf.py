@@ -323,11 +323,12 @@ def load(source, device):
             model = transformers.AutoModel.from_pretrained(folder, attn_implementation='eager', dtype=torch.float32)
         except Exception as e:
             raise UserError(f"cannot load {source!r}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
-        try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-        except Exception as e:
-            raise UserError(f"{source!r} has no usable tokenizer ({type(e).__name__}): save one beside the model "
-                            f"(tokenizer.json)") from None
+        tokenizer = load_tokenizer(source, folder)
+    return walk_source(model, tokenizer, device)
+
+
+def walk_source(model, tokenizer, device):
+    """(HFWalk, TextCodec, longest sequence) of a transformers model read with its tokenizer."""
     prefix, suffix = special_tokens(tokenizer)
     walker = HFWalk(model.to(device).eval(), (len(prefix), len(suffix)))
     codec = TextCodec(lambda text: tokenizer(text, add_special_tokens=False)['input_ids'], prefix, suffix)
@@ -391,11 +392,7 @@ def register_operator_attention():
 def run_walk(model, device):
     """(HFWalk, TextCodec, longest sequence) of a trained PretrainedLM (walk.py on its run folder): the walk of the
     model as trained, the operator included, read with its source's tokenizer."""
-    tokenizer = load_tokenizer(model.source)
-    prefix, suffix = special_tokens(tokenizer)
-    walker = HFWalk(model.lm.to(device).eval(), (len(prefix), len(suffix)))
-    codec = TextCodec(lambda text: tokenizer(text, add_special_tokens=False)['input_ids'], prefix, suffix)
-    return walker, codec, walker.module.config.max_position_embeddings
+    return walk_source(model.lm, load_tokenizer(model.source), device)
 
 
 def attention_modules(lm):
@@ -421,9 +418,10 @@ class PretrainedLM(torch.nn.Module):
     operator_coefficients(), operator_parameters(), configure_optimizers(), get_num_params(), flops_per_token(),
     generate(), and `config`: a GPTConfig with the model's sizes and the operator keys."""
 
-    def __init__(self, lm, config, source):
+    def __init__(self, lm, config, source, tokenizer_fingerprint=None):
         super().__init__()
         self.lm, self.config, self.source = lm, config, source
+        self.tokenizer_fingerprint = tokenizer_fingerprint  # its tokenizer's (load_pretrained), for common.check_tokenizer
         for attn in attention_modules(lm):
             attn.coefficients = OperatorCoefficients(config)
         register_operator_attention()
@@ -511,7 +509,7 @@ def load_pretrained(source, **operator_keys):
         raise UserError(str(e)) from None
     meta = dict(tokenizer='hf', tokenizer_source=source, tokenizer_fingerprint=fingerprint,
                 vocab_size=config.vocab_size)
-    return PretrainedLM(lm, gpt_config, source), meta
+    return PretrainedLM(lm, gpt_config, source, fingerprint), meta
 
 
 def parameter_count(source):
