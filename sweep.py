@@ -105,6 +105,11 @@ GPU_350M = 'configs/owt_gpt2_350m.py'
 GPU_SHORT = dict(max_iters=2500, lr_decay_iters=2500, warmup_iters=250, eval_interval=250, walk_interval=250,
                  snapshot_interval=0)
 
+def millions(n):
+    """A parameter count in millions: 0.79M, and 0.055M rather than 0.06M for the smallest models."""
+    return f"{n / 1e6:.{2 if n >= 1e5 else 3}f}M"
+
+
 def non_embedding_params(config):
     """Parameters without the token and position embeddings (the token embedding is the tied output layer too):
     the count that does not depend on the vocabulary, the one a scaling law uses."""
@@ -114,14 +119,16 @@ def non_embedding_params(config):
         model.transformer.wpe.weight.numel()
 
 
-# The scale ladder at equal tokens per parameter: 4 sizes over 27× in non-embedding parameters (0.10M to 2.66M),
-# each trained on LADDER_TOKENS_PER_PARAMETER tokens per non-embedding parameter, so that size is not confounded
-# with budget. 4 is what lets the largest fit on CPU: 10.6M tokens, ~40 min per run on one shared core, 3 seeds ×
-# 2 variants in ~2 h of 2 cores, while the smallest still gets 0.4M tokens (520 iterations, 5× its warmup). Up to
-# ~10 epochs of Tiny Shakespeare's 1.0M characters: dropout 0.1 at every size (the 9-epoch LONG runs of the base
-# model with it did not overfit). Learning rate, batch and context as the base.
+# The scale ladder at equal tokens per parameter: 4 sizes over 21× in non-embedding parameters (55k to 1.18M; depth
+# and width grow together, 24–28 dimensions a head), each trained on LADDER_TOKENS_PER_PARAMETER tokens per
+# non-embedding parameter, so that size is not confounded with budget. The ratio is set by both ends: the largest
+# must fit (4: 4.7M tokens, ~20 min a run on one free core, the whole ladder ~1.7 h of 2 cores; Chinchilla's 20
+# would take 100 min a run), and the smallest must still train (at 4 it gets 300 iterations, 3× its warmup). The
+# first version of the ladder (0.10M–2.66M) was planned at ~3 h; its measured time an iteration put it at ~5 h of
+# 2 cores (75 min per largest run), too long for a sitting. Up to 5 epochs of Tiny Shakespeare's 1.0M characters: dropout 0.1 at every
+# size. Learning rate, batch and context as the base.
 LADDER_TOKENS_PER_PARAMETER = 4
-LADDER_SIZES = {'ladder-xs': (2, 2, 64), 'ladder-s': (3, 3, 96), 'ladder-m': (4, 4, 128), 'ladder-l': (6, 6, 192)}
+LADDER_SIZES = {'ladder-xs': (2, 2, 48), 'ladder-s': (3, 3, 72), 'ladder-m': (4, 4, 96), 'ladder-l': (5, 5, 140)}
 
 
 def ladder_setting(n_layer, n_head, n_embd):
@@ -208,9 +215,10 @@ STUDIES = {
         figures='scales_figures'),
     'gamma_dynamics': Study(
         "Claim (b): where do heads settle, from γ0 = 0 and from γ0 ~ U(−0.5, 0.5), at operator_lr_mult 1 and 10?",
-        # three seeds for the corridor from γ0 = 0 and from the spread start (and attention, to pair them); one
-        # for the operator_lr_mult = 10 pair and the BPE pair
-        parts=(Part('shakespeare_char/small-long', ('attention', 'corridor', 'corridor_spread'), 3),
+        # three seeds for the corridor from γ0 = 0 and from the spread start, trained first (the claim rests on
+        # them), then attention to pair them; one seed for the operator_lr_mult = 10 pair and the BPE pair
+        parts=(Part('shakespeare_char/small-long', ('corridor', 'corridor_spread'), 3),
+               Part('shakespeare_char/small-long', ('attention',), 3),
                Part('shakespeare_char/small-long', ('corridor_lr', 'corridor_spread_lr'), 1),
                Part('wikitext2/small-1k', ('attention', 'corridor'), 1)),
         gpu_parts=(Part('openwebtext/gpt2_124m-long', DYNAMICS, 1),),
@@ -225,7 +233,7 @@ STUDIES = {
         figures='replication_figures'),
     'ladder': Study(
         "Claim (a) on a scale ladder at equal tokens per parameter: does the corridor's gain change with size?",
-        # six seeds where runs are minutes, three at the largest (~40 min each on a shared core)
+        # six seeds where runs take minutes, three at the largest (~20 min each on a free core)
         parts=tuple(Part(f'shakespeare_char/{name}', ('attention', 'corridor'), 3 if name == 'ladder-l' else 6)
                     for name in LADDER_SIZES),
         gpu_parts=(),
@@ -339,7 +347,7 @@ def print_plan(runs):
         counted = f"{r['params'] / 1e6:.2f}M ({r['vocab']:,})" if r['params'] and isinstance(r['vocab'], int) else \
             f"{r['params'] / 1e6:.0f}M" if r['params'] else 'its data not prepared yet'
         tokens = f"{r['tokens'] / 1e9:.2f}B" if r['tokens'] >= 1e9 else f"{r['tokens'] / 1e6:.2f}M"
-        print(f"| {setting} | {r['non_embedding'] / 1e6:.2f}M | {counted} | {tokens} ({r['tokens'] / r['non_embedding']:.3g} "
+        print(f"| {setting} | {millions(r['non_embedding'])} | {counted} | {tokens} ({r['tokens'] / r['non_embedding']:.3g} "
               f"per non-embedding parameter) | {r['hours']:.3g} | "
               f"{r['runs']} | {r['todo']} |")
     print(f"\ntotal to train: {total:.3g} H100 hours (at {PLAN_MFU:.0%} MFU of {PLAN_PEAK / 1e12:.0f} TFLOP/s bf16)")
@@ -777,10 +785,10 @@ def scales_figures(results, out, tests, study):
                          marker='o', capsize=3, color=f'C{i}', label=f'{corpus} (mean, 95 % CI)')
         for n, (params, setting, c) in enumerate(points):
             axes[1].plot(range(len(c['occupancy_by_layer'])), c['occupancy_by_layer'], marker='o', color=f'C{i}',
-                         alpha=0.4 + 0.6 * (n + 1) / len(points), label=f"{corpus}, {params / 1e6:.2f}M")
+                         alpha=0.4 + 0.6 * (n + 1) / len(points), label=f"{corpus}, {millions(params)}")
             cell = tests.add(family(study, 'corridor', 'attention'), f'{setting}: corridor − attention',
                              c['vs_attention_differences'])
-            lines.append(f"| {setting} | {params / 1e6:.2f}M | {c['tokens'] / 1e6:.2f}M | {c['tokens'] / params:.1f} | "
+            lines.append(f"| {setting} | {millions(params)} | {c['tokens'] / 1e6:.2f}M | {c['tokens'] / params:.1f} | "
                          f"{cell} | {c['occupancy_beyond_first']:.0%} | {c['gamma_mean']:+.3f} |")
         xs = [math.log10(p) for p, _, c in points for _ in c['vs_attention_differences']]
         ys = [d for _, _, c in points for d in c['vs_attention_differences']]
@@ -1053,7 +1061,7 @@ def report(name, study, runs, out):
              + STATISTICS, '']
     for setting, (loaded, summary) in results.items():
         first = next(iter(summary.values()))
-        lines += [f"## {setting}: {first['non_embedding_params'] / 1e6:.2f}M non-embedding parameters "
+        lines += [f"## {setting}: {millions(first['non_embedding_params'])} non-embedding parameters "
                   f"({first['params'] / 1e6:.2f}M with the token embeddings), {first['tokens'] / 1e6:.2f}M tokens per run",
                   '', table(setting, summary, tests, name), '']
         setting_figures(setting, loaded, summary, out)
