@@ -857,11 +857,11 @@ def gamma_dynamics_figures(results, out, tests, study):
                 deep = ((last > -1) & (last < DEEP)).float()
                 deep_beyond_first.append(deep[1:].mean().item())
                 settling = last_quarter_range(gamma)
-                gap = loaded[(v, s)]['log'][-1]['val_loss'] - loaded[('attention', s)]['log'][-1]['val_loss'] \
-                    if ('attention', s) in loaded else float('nan')
+                gap = f"{loaded[(v, s)]['log'][-1]['val_loss'] - loaded[('attention', s)]['log'][-1]['val_loss']:+.4f}" \
+                    if ('attention', s) in loaded else '– (its attention run not finished)'
                 lines.append(f"| {setting} | {v} | {s} | {' / '.join(f'{x:.0%}' for x in deep.mean(1).tolist())} | "
                              f"{last[0].mean():+.3f} | {last[1:].mean():+.3f} | [{last.min():+.2f}, {last.max():+.2f}] | "
-                             f"{settling:.3f} | {gap:+.4f} |")
+                             f"{settling:.3f} | {gap} |")
             fraction = paired_test(deep_beyond_first)
             gap = tests.add(family(study, v, 'attention'), f'{setting}: {v} − attention',
                             paired_differences(loaded, v, 'attention'))
