@@ -840,7 +840,7 @@ def gamma_dynamics_figures(results, out, tests, study):
         learnable = [v for v in summary if summary[v]['operator_scalars']]
         fig, axes = plt.subplots(2, max(1, len(learnable)), figsize=(4 * max(1, len(learnable)), 6.4), squeeze=False)
         for col, v in enumerate(learnable):
-            deep_beyond_first = []
+            deep_beyond_first, layer0_minus_rest = [], []
             for s in summary[v]['seeds']:
                 log = loaded[(v, s)]['log']
                 tokens = [e['tokens'] / 1e6 for e in log]
@@ -856,6 +856,7 @@ def gamma_dynamics_figures(results, out, tests, study):
                 last = gamma[-1]
                 deep = ((last > -1) & (last < DEEP)).float()
                 deep_beyond_first.append(deep[1:].mean().item())
+                layer0_minus_rest.append((last[0].mean() - last[1:].mean()).item())
                 settling = last_quarter_range(gamma)
                 gap = f"{loaded[(v, s)]['log'][-1]['val_loss'] - loaded[('attention', s)]['log'][-1]['val_loss']:+.4f}" \
                     if ('attention', s) in loaded else '– (its attention run not finished)'
@@ -863,6 +864,12 @@ def gamma_dynamics_figures(results, out, tests, study):
                              f"{last[0].mean():+.3f} | {last[1:].mean():+.3f} | [{last.min():+.2f}, {last.max():+.2f}] | "
                              f"{settling:.3f} | {gap} |")
             fraction = paired_test(deep_beyond_first)
+            # "layer 0 is the exception" as a number: its mean γ minus the later layers', one value per seed
+            contrast, layer0_text = paired_test(layer0_minus_rest), ''
+            if gamma.shape[1] > 1:
+                layer0_text = f"; γ̄ layer 0 − γ̄ layers ≥ 1: {contrast.mean:+.3f}"
+                if contrast.n > 1:
+                    layer0_text += f" [{contrast.low:+.3f}, {contrast.high:+.3f}], p {fmt_p(contrast.p)}"
             gap = tests.add(family(study, v, 'attention'), f'{setting}: {v} − attention',
                             paired_differences(loaded, v, 'attention'))
             summaries.append(
@@ -870,7 +877,7 @@ def gamma_dynamics_figures(results, out, tests, study):
                 f"{fraction.n} seed(s)" + (f", 95 % CI [{fraction.low:.0%}, {fraction.high:.0%}]"
                                            if fraction.n > 1 and fraction.sd > 0 else
                                            ' (no spread between seeds)' if fraction.n > 1 else '') +
-                (f"; val − attention {gap}" if 'attention' in summary else ''))
+                (f"; val − attention {gap}" if 'attention' in summary else '') + layer0_text)
             axes[0][col].set_title(f'{v}: γ of every head', fontsize=9)
             axes[1][col].set_ylim(-0.05, 1.05)
             axes[1][col].set_title('fraction in the corridor', fontsize=9)

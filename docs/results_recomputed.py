@@ -134,7 +134,8 @@ def main():
     out += ['', "The correlations with γ (r = +0.97 / +0.99, −0.92 / −0.93) pooled evaluations and seeds with the "
             "shared start; they cannot be recomputed from the README: `python sweep.py --study=geometry "
             "--report_only=True` on the runs gives per-run slopes and one point per run.", '',
-            "## Claim (b): one seed per variant: no test. The seeded study is `--study=gamma_dynamics` (3 seeds).", '']
+            "## Claim (b): a share of heads per seed, not a paired difference: its 3-seed table (`--study=gamma_dynamics`) "
+            "is in studies.md.", '']
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results_recomputed.md')
     with atomic_write(path) as f:
         f.write('\n'.join(out) + '\n')

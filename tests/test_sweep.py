@@ -214,6 +214,12 @@ def test_studies_share_runs_and_write_every_figure(tiny_data_root, tmp_path, mon
     assert dynamics.count('| tiny/a | corridor | ') == 2 and dynamics.count('| tiny/a | corridor_lr | ') == 2  # per seed
     assert '- tiny/a, fixed_gamma=-0.3: heads beyond layer 0 with −1 < γ < -0.05: 100% over 2 seed(s)' in dynamics
     assert (tmp_path / 'gamma_dynamics_figures' / 'gamma_dynamics_tiny_a.png').stat().st_size > 1000
+    # layer 0's mean γ minus the later layers', one value per seed, recomputed from the runs' last evaluations
+    finals = [json.loads((tmp_path / 'tiny' / 'a' / f'corridor-s{s}' / 'log.jsonl').read_text().splitlines()[-1])['gamma']
+              for s in (0, 1)]
+    contrast = [statistics.fmean(g[0]) - statistics.fmean(x for layer in g[1:] for x in layer) for g in finals]
+    assert "- tiny/a, corridor: heads beyond layer 0" in dynamics
+    assert f"γ̄ layer 0 − γ̄ layers ≥ 1: {statistics.fmean(contrast):+.3f} [" in dynamics
     geometry = (tmp_path / 'geometry_figures' / 'report.md').read_text()
     assert '| δ_orth | initial |' in geometry and '| corridor: P | corridor: operator |' in geometry
     assert '- drift to the next layer: slope per unit γ̄ ' in geometry and '(final evaluation, one point per run, n = 6)' in geometry
