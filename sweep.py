@@ -105,6 +105,7 @@ GPU_350M = 'configs/owt_gpt2_350m.py'
 GPU_SHORT = dict(max_iters=2500, lr_decay_iters=2500, warmup_iters=250, eval_interval=250, walk_interval=250,
                  snapshot_interval=0)
 
+
 def millions(n):
     """A parameter count in millions: 0.79M, and 0.055M rather than 0.06M for the smallest models."""
     return f"{n / 1e6:.{2 if n >= 1e5 else 3}f}M"
@@ -125,8 +126,8 @@ def non_embedding_params(config):
 # must fit (4: 4.7M tokens, ~20 min a run on one free core, the whole ladder ~1.7 h of 2 cores; Chinchilla's 20
 # would take 100 min a run), and the smallest must still train (at 4 it gets 300 iterations, 3× its warmup). The
 # first version of the ladder (0.10M–2.66M) was planned at ~3 h; its measured time an iteration put it at ~5 h of
-# 2 cores (75 min per largest run), too long for a sitting. Up to 5 epochs of Tiny Shakespeare's 1.0M characters: dropout 0.1 at every
-# size. Learning rate, batch and context as the base.
+# 2 cores (75 min per largest run), too long for a sitting. Up to 5 epochs of Tiny Shakespeare's 1.0M characters:
+# dropout 0.1 at every size. Learning rate, batch and context as the base.
 LADDER_TOKENS_PER_PARAMETER = 4
 LADDER_SIZES = {'ladder-xs': (2, 2, 48), 'ladder-s': (3, 3, 72), 'ladder-m': (4, 4, 96), 'ladder-l': (5, 5, 140)}
 
