@@ -123,7 +123,7 @@ def non_embedding_params(config):
 # The scale ladder at equal tokens per parameter: 4 sizes over 21× in non-embedding parameters (55k to 1.18M; depth
 # and width grow together, 24–28 dimensions a head), each trained on LADDER_TOKENS_PER_PARAMETER tokens per
 # non-embedding parameter, so that size is not confounded with budget. The ratio is set by both ends: the largest
-# must fit (4: 4.7M tokens, ~20 min a run on one free core, the whole ladder ~1.7 h of 2 cores; Chinchilla's 20
+# must fit (4: 4.7M tokens, ~20 min a run on one free core, the whole ladder ~2 h of 2 cores; Chinchilla's 20
 # would take 100 min a run), and the smallest must still train (at 4 it gets 300 iterations, 3× its warmup). The
 # first version of the ladder (0.10M–2.66M) was planned at ~3 h; its measured time an iteration put it at ~5 h of
 # 2 cores (75 min per largest run), too long for a sitting. Up to 5 epochs of Tiny Shakespeare's 1.0M characters:
