@@ -345,7 +345,7 @@ def print_plan(runs):
           "tables\n\n| setting | non-embedding parameters | as train.py counts (vocabulary) | tokens per run | "
           "H100 hours per run (est.) | runs | to train |\n|---|---|---|---|---|---|---|")
     for setting, r in rows.items():
-        counted = f"{r['params'] / 1e6:.2f}M ({r['vocab']:,})" if r['params'] and isinstance(r['vocab'], int) else \
+        counted = f"{millions(r['params'])} ({r['vocab']:,})" if r['params'] and isinstance(r['vocab'], int) else \
             f"{r['params'] / 1e6:.0f}M" if r['params'] else 'its data not prepared yet'
         tokens = f"{r['tokens'] / 1e9:.2f}B" if r['tokens'] >= 1e9 else f"{r['tokens'] / 1e6:.2f}M"
         print(f"| {setting} | {millions(r['non_embedding'])} | {counted} | {tokens} ({r['tokens'] / r['non_embedding']:.3g} "
@@ -842,6 +842,7 @@ def gamma_dynamics_figures(results, out, tests, study):
         fig, axes = plt.subplots(2, max(1, len(learnable)), figsize=(4 * max(1, len(learnable)), 6.4), squeeze=False)
         for col, v in enumerate(learnable):
             deep_beyond_first, layer0_minus_rest = [], []
+            n_layer = loaded[(v, summary[v]['seeds'][0])]['config']['n_layer']
             for s in summary[v]['seeds']:
                 log = loaded[(v, s)]['log']
                 tokens = [e['tokens'] / 1e6 for e in log]
@@ -859,15 +860,15 @@ def gamma_dynamics_figures(results, out, tests, study):
                 deep_beyond_first.append(deep[1:].mean().item())
                 layer0_minus_rest.append((last[0].mean() - last[1:].mean()).item())
                 settling = last_quarter_range(gamma)
-                gap = f"{loaded[(v, s)]['log'][-1]['val_loss'] - loaded[('attention', s)]['log'][-1]['val_loss']:+.4f}" \
+                seed_gap = f"{loaded[(v, s)]['log'][-1]['val_loss'] - loaded[('attention', s)]['log'][-1]['val_loss']:+.4f}" \
                     if ('attention', s) in loaded else '– (its attention run not finished)'
                 lines.append(f"| {setting} | {v} | {s} | {' / '.join(f'{x:.0%}' for x in deep.mean(1).tolist())} | "
                              f"{last[0].mean():+.3f} | {last[1:].mean():+.3f} | [{last.min():+.2f}, {last.max():+.2f}] | "
-                             f"{settling:.3f} | {gap} |")
+                             f"{settling:.3f} | {seed_gap} |")
             fraction = paired_test(deep_beyond_first)
             # "layer 0 is the exception" as a number: its mean γ minus the later layers', one value per seed
             contrast, layer0_text = paired_test(layer0_minus_rest), ''
-            if gamma.shape[1] > 1:
+            if n_layer > 1:
                 layer0_text = f"; γ̄ layer 0 − γ̄ layers ≥ 1: {contrast.mean:+.3f}"
                 if contrast.n > 1:
                     layer0_text += f" [{contrast.low:+.3f}, {contrast.high:+.3f}], p {fmt_p(contrast.p)}"
@@ -1070,7 +1071,7 @@ def report(name, study, runs, out):
     for setting, (loaded, summary) in results.items():
         first = next(iter(summary.values()))
         lines += [f"## {setting}: {millions(first['non_embedding_params'])} non-embedding parameters "
-                  f"({first['params'] / 1e6:.2f}M with the token embeddings), {first['tokens'] / 1e6:.2f}M tokens per run",
+                  f"({millions(first['params'])} with the token embeddings), {first['tokens'] / 1e6:.2f}M tokens per run",
                   '', table(setting, summary, tests, name), '']
         setting_figures(setting, loaded, summary, out)
     lines += globals()[study.figures](results, out, tests, name)
