@@ -10,6 +10,12 @@ TIKTOKEN_CACHE = SHARED / 'tiktoken_cache'
 SHAKESPEARE = SHARED / 'data' / 'tinyshakespeare.txt'
 WIKITEXT_TEST = SHARED / 'data' / 'wikitext-2-raw' / 'wiki.test.raw'
 
+# pytest.ini's -n auto runs one worker process per core: each worker's torch, and every script it starts, gets its
+# share of the cores (set before anything imports torch), not all of them, which would oversubscribe them
+WORKERS = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))
+if WORKERS > 1:
+    os.environ.setdefault('OMP_NUM_THREADS', str(max(1, (os.cpu_count() or 1) // WORKERS)))
+
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 if TIKTOKEN_CACHE.is_dir():

@@ -143,10 +143,11 @@ def copy_repo(destination):
 
 
 def run_tests(copy, tests):
-    # no .pyc: a mutant and the restored original can share a size and an mtime second
+    # no .pyc: a mutant and the restored original can share a size and an mtime second; -n 0: a handful of tests
+    # in one process, without pytest.ini's worker processes to start
     env = {**os.environ, 'PYTHONDONTWRITEBYTECODE': '1'}
-    result = subprocess.run([sys.executable, '-m', 'pytest', '-x', '-q', '-p', 'no:cacheprovider', *tests], cwd=copy,
-                            capture_output=True, text=True, env=env, timeout=1200)
+    result = subprocess.run([sys.executable, '-m', 'pytest', '-x', '-q', '-n', '0', '-p', 'no:cacheprovider', *tests],
+                            cwd=copy, capture_output=True, text=True, env=env, timeout=1200)
     return result.returncode, (result.stdout + result.stderr).strip().splitlines()[-3:]
 
 
