@@ -46,6 +46,7 @@ Used by train.py (walk_interval), bench.py and walk.py, the command line that wr
 """
 
 import math
+from contextlib import contextmanager
 from typing import NamedTuple, Optional
 
 import torch
@@ -131,7 +132,9 @@ def layer_moments(layer, device, full_operator):
     T2, T4, P = transport_moments(W_V, W_O)
     K, ia, ib = pair_form(T4)
     c = (layer.c_I.to(device, f64), layer.c_P.to(device, f64)) if full_operator and layer.c_I is not None else None
-    return dict(W_V=W_V, W_O=W_O, P=P, T2=T2, K=K, ia=ia, ib=ib, kv_head=layer.kv_head.to(device), c=c)
+    # n_kv read here, on the host: on the device it would be a synchronisation per batch and layer
+    return dict(W_V=W_V, W_O=W_O, P=P, T2=T2, K=K, ia=ia, ib=ib, kv_head=layer.kv_head.to(device),
+                n_kv=int(layer.kv_head.max()) + 1, c=c)
 
 
 def walk_weights(probs, c=None):
@@ -169,7 +172,7 @@ def edge_geometry(w, m, d):
     ok = trace > 1e-12 * trace.max().clamp(min=1e-300)
     nan = torch.full_like(trace, float('nan'))
     w2 = w ** 2
-    group = torch.zeros(len(w), int(m['kv_head'].max()) + 1, dtype=w.dtype, device=w.device)
+    group = torch.zeros(len(w), m['n_kv'], dtype=w.dtype, device=w.device)
     group.index_add_(1, m['kv_head'], w2)                                # Σ_{h∈g} w_h² per KV group
     d_h = m['W_V'].shape[2]
     null = (1 + d / d_h * (group ** 2).sum(1) / w2.sum(1) ** 2).sqrt()
@@ -203,7 +206,26 @@ PER_LAYER = ('a_eff_fro', 'drift', 'delta_orth', 'delta_orth_trace', 'gram_rel',
              'delta_orth_null')
 
 
+def to_host(t):
+    """Every result leaves the device through here (the tests stand a host copy of the right shape in for it when
+    the model sits on the meta device, so that a tensor left on the CPU is caught without a GPU)."""
+    return t.cpu()
+
+
+@contextmanager
+def exact_float32_matmuls():
+    """TF32 off inside: train.py turns it on for speed on a GPU, and its ~1e-3 relative error would make the
+    geometry logged during GPU training incomparable with the CPU studies' (float32 matmuls there are exact)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 @torch.no_grad()
+@exact_float32_matmuls()
 def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, batch_size=None, progress=False,
                            gram_edges=0, seed=0):
     """Per-layer connection-walk diagnostics of `model` (our GPT, or a walk source such as walk_hf.HFWalk) on token
@@ -225,7 +247,8 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
     f64 = torch.float64
     layers = [layer_moments(layer, device, full_operator) for layer in source.layers()]
     L, (H, d) = len(layers), layers[0]['W_V'].shape[:2]
-    ei, ej = walk_edges(T, source.causal, source.specials, drop_sink, device)
+    # index tensors are built on the host and sent once: no data-dependent shapes computed on the device
+    ei, ej = (e.to(device) for e in walk_edges(T, source.causal, source.specials, drop_sink))
     E = len(ei)
     if E == 0:
         raise ValueError(f"sequences of {T} token(s) have no edges once the sink / special tokens are removed")
@@ -238,7 +261,6 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
     if gram_edges:
         generator = torch.Generator().manual_seed(seed)  # its own generator: the caller's random stream is untouched
         picked = torch.arange(N * E) if gram_edges >= N * E else torch.randperm(N * E, generator=generator)[:gram_edges]
-        picked = picked.to(device)
         columns = torch.arange(d) if d <= GRAM_COLUMNS else torch.randperm(d, generator=generator)[:GRAM_COLUMNS]
     # keep each batch's probabilities (L·H·T² per sequence) to a few hundred MB
     batch_size = batch_size or max(1, 2 ** 25 // (L * H * T * T))
@@ -249,29 +271,29 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
         for l, (p, m) in enumerate(zip(source.attention_probs(batch), layers)):
             A = walk_weights(p.to(f64), m['c'])                 # [B, H, T, T]
             a_eff = A.mean(1)
-            sums['a_eff'][l] += a_eff.sum(0).cpu()
+            sums['a_eff'][l] += to_host(a_eff.sum(0))
             edges = a_eff[:, ei, ej]                            # [B, E]
-            per_sequence['a_eff_fro'][start:start + B, l] = edges.norm(dim=1).cpu()
+            per_sequence['a_eff_fro'][start:start + B, l] = to_host(edges.norm(dim=1))
             if previous is not None:
                 cos = (previous * edges).sum(1) / (previous.norm(dim=1) * edges.norm(dim=1))
-                per_sequence['drift'][start:start + B, l - 1] = (1 - cos).cpu()
+                per_sequence['drift'][start:start + B, l - 1] = to_host(1 - cos)
             previous = edges
             w = A[:, :, ei, ej].permute(0, 2, 1).reshape(-1, H)  # [B·E, H]
             total = w.abs().sum(1, keepdim=True)
             w = torch.where(total > 0, w / total, 0.0)            # an edge no head walks (δ = 0) has no transport
-            sums['C'][l] += (w.T @ w).cpu()
+            sums['C'][l] += to_host(w.T @ w)
             g = edge_geometry(w, m, d)
             ok = ~g['delta'].isnan()
             for key, value in (('delta_orth', 'delta'), ('gram_rel', 'rel'), ('delta_orth_null', 'null')):
-                sums[key][l] += g[value][ok].sum().cpu()
-            sums['count'][l] += ok.sum().cpu()
-            per_sequence['delta_orth'][start:start + B, l] = g['delta'].view(B, E).nanmean(1).cpu()
+                sums[key][l] += to_host(torch.where(ok, g[value], 0).sum())
+            sums['count'][l] += to_host(ok.sum())
+            per_sequence['delta_orth'][start:start + B, l] = to_host(g['delta'].view(B, E).nanmean(1))
             if picked is not None:
                 here = picked[(picked >= start * E) & (picked < (start + B) * E)] - start * E
                 if len(here):
-                    diag, off = sampled_gram_entries(w[here], m, d, columns.to(device))
-                    sums['edge_diag'][l] += diag.sum().cpu()
-                    sums['edge_off'][l] += off.sum().cpu()
+                    diag, off = sampled_gram_entries(w[here.to(device)], m, d, columns.to(device))
+                    sums['edge_diag'][l] += to_host(diag.sum())
+                    sums['edge_off'][l] += to_host(off.sum())
     source.module.train(was_training)
     count = sums['count']
     out = dict(a_eff_fro=per_sequence['a_eff_fro'].mean(0).tolist(), drift=per_sequence['drift'].mean(0).tolist(),
@@ -300,7 +322,7 @@ def edge_gram(layers, C, d):
         H, _, d_h, _ = m['P'].shape
         Bm = (C_l.to(m['P'].device)[:, :, None, None] * m['P']).permute(0, 2, 1, 3).reshape(H * d_h, H * d_h)
         W_O = m['W_O'].reshape(H * d_h, d)
-        grams.append((W_O.T @ Bm @ W_O).cpu())
+        grams.append(to_host(W_O.T @ Bm @ W_O))
     gram = torch.stack(grams)
     diag = gram.diagonal(dim1=1, dim2=2).abs()
     return dict(gram_diag_mean=diag.mean(1).tolist(),

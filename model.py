@@ -414,15 +414,23 @@ class OperatorCoefficients(nn.Module):
                 self.register_buffer(name, value)
         if config.gamma_nonneg:
             parametrize.register_parametrization(self, 'gamma', NonNegative())
+        # A form's constants (attention's 0 and 1) are numbers, not tensors, so model.to() would never move them:
+        # this empty buffer moves instead and gives them its device and dtype (not persistent: no checkpoint changes)
+        self.register_buffer('anchor', torch.zeros(0), persistent=False)
 
     @property
     def is_plain_attention(self):
         return not self.form.params
 
     def forward(self):
-        """(c_I, c_P), each a [n_head] tensor."""
+        """(c_I, c_P), each a [n_head] tensor on the module's device."""
         c_I, c_P = self.form.coefficients(*(getattr(self, name) for name in self.form.params))
-        return torch.as_tensor(c_I).expand(self.n_head), torch.as_tensor(c_P).expand(self.n_head)
+        return self._per_head(c_I), self._per_head(c_P)
+
+    def _per_head(self, c):
+        if not torch.is_tensor(c):
+            c = torch.full((self.n_head,), c, dtype=self.anchor.dtype, device=self.anchor.device)
+        return c.expand(self.n_head)
 
 
 class NonNegative(nn.Module):
@@ -472,35 +480,70 @@ class CorridorProjection(torch.autograd.Function):
 
     The coefficients stay float32 under autocast: in bf16, δ near 1 moves in steps of 0.4 %, and dL/dc sums
     B·T·head_size products (786k per head at GPT-2 size), the largest gradients of the model, which float16
-    under a grad scaler would overflow."""
+    under a grad scaler would overflow. The elementwise work runs in the activations' dtype all the same (a copy
+    of the c's rounded to it, see in_dtype): float32 [B, T, C] temporaries would cost an eager bf16 step several
+    per cent; only the sums that make dL/dc accumulate in the c's own precision."""
 
     @staticmethod
     def forward(ctx, v, y, c_I, c_P, weight, bias):
         ctx.save_for_backward(v, y, c_I, c_P, weight)
         ctx.has_bias = bias is not None
-        return F.linear((c_I * v + c_P * y).flatten(2), weight, bias)  # autocast rounds the sum, not the c's
+        return F.linear((in_dtype(c_I, v) * v + in_dtype(c_P, y) * y).flatten(2), weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
         v, y, c_I, c_P, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
         grad_merged = (grad @ weight.to(grad.dtype)).view_as(v)
-        # dL/dc in the coefficients' precision (float32, or float64 in a float64 model), never autocast's, summed
-        # over head_size first: that sum has the shape of the elementwise pass, so Inductor computes it in that
-        # pass instead of reading the tensors again (a single sum over (0, 1, 3) becomes a split reduction of its own)
-        g = grad_merged.to(torch.promote_types(grad_merged.dtype, c_I.dtype))
         # The sum recomputed, in the dtype autocast gave the output. Written in the other order than in forward on
         # purpose: under torch.compile, common-subexpression elimination would otherwise merge the two, and
         # Inductor's partitioner would go back to saving the sum (it won't recompute a value the backward
         # materialises anyway)
-        merged = (c_P * y + c_I * v).flatten(2).to(grad.dtype)
+        merged = (in_dtype(c_P, y) * y + in_dtype(c_I, v) * v).flatten(2).to(grad.dtype)
         rows = grad.flatten(0, -2)
-        return ((c_I * grad_merged).to(v.dtype) if needs[0] else None,
+        return ((in_dtype(c_I, grad_merged) * grad_merged).to(v.dtype) if needs[0] else None,
                 grad_merged if needs[1] else None,  # times c_P: see scaled_gradient
-                (g * v).sum(-1).sum((0, 1)).view_as(c_I) if needs[2] else None,
-                (g * y).sum(-1).sum((0, 1)).view_as(c_P) if needs[3] else None,
+                coefficient_grad(grad_merged, v, c_I) if needs[2] else None,
+                coefficient_grad(grad_merged, y, c_P) if needs[3] else None,
                 rows.T @ merged.flatten(0, -2) if needs[4] else None,
                 rows.sum(0) if ctx.has_bias and needs[5] else None)
+
+
+def in_dtype(c, x):
+    """The coefficients c rounded to the activations' dtype when that is narrower (bf16 / fp16 under autocast), so
+    that c·x is computed and written in x's dtype, not promoted to a float32 [B, T, C] temporary."""
+    return c.to(x.dtype) if x.dtype.itemsize < c.dtype.itemsize else c
+
+
+def coefficient_grad(grad, x, c):
+    """dL/dc of out = c·x for grad, x [B, T, n_head, head_size] and c [n_head, 1]: the products in the activations'
+    dtype, their sums accumulated in c's (float32, or float64 in a float64 model), never autocast's. Summed over
+    head_size first: that sum has the shape of the elementwise pass, so Inductor computes it in that pass instead
+    of reading the tensors again (a single sum over (0, 1, 3) becomes a split reduction of its own)."""
+    dtype = torch.promote_types(grad.dtype, c.dtype)
+    return (grad * x.to(grad.dtype)).sum(-1, dtype=dtype).sum((0, 1)).view_as(c)
+
+
+class OperatorSum(torch.autograd.Function):
+    """c_I·V + c_P·Y, the operator alone (no projection after it), for V, Y [B, T, n_head, head_size] and c
+    [n_head, 1]: in the activations' dtype, dL/dc accumulated in the c's, as in CorridorProjection. A pretrained
+    model's attention (walk_hf.apply_operator) applies its operator through it."""
+
+    @staticmethod
+    def forward(ctx, v, y, c_I, c_P):
+        ctx.save_for_backward(v, y, c_I, c_P)
+        dtype = torch.promote_types(v.dtype, y.dtype)
+        v, y = v.to(dtype), y.to(dtype)
+        return in_dtype(c_I, v) * v + in_dtype(c_P, y) * y
+
+    @staticmethod
+    def backward(ctx, grad):
+        v, y, c_I, c_P = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        return ((in_dtype(c_I, grad) * grad).to(v.dtype) if needs[0] else None,
+                (in_dtype(c_P, grad) * grad).to(y.dtype) if needs[1] else None,
+                coefficient_grad(grad, v, c_I) if needs[2] else None,
+                coefficient_grad(grad, y, c_P) if needs[3] else None)
 
 
 def scaled_gradient(c_P, *tensors):
@@ -521,7 +564,7 @@ class ScaleGradient(torch.autograd.Function):
     def backward(ctx, *grads):
         c, = ctx.saved_tensors
         c = c.view(-1, 1, 1)
-        return None, *((g * c).to(g.dtype) if g is not None else None for g in grads)
+        return None, *(in_dtype(c, g) * g if g is not None else None for g in grads)
 
 
 class KVCache:

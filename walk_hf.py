@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 from common import GPT2_NAMES, TextCodec, UserError
 from connection import WalkLayer
-from model import GPT, GPTConfig, OperatorCoefficients, next_token
+from model import GPT, GPTConfig, OperatorCoefficients, OperatorSum, next_token
 
 
 class Family(NamedTuple):
@@ -361,7 +361,8 @@ def apply_operator(module, pv, query, value):
     # the identity term reads each query head's own value head: with GQA, query head h reads KV head h // (H / n_kv)
     v = value[:, :, -T:].repeat_interleave(H // value.shape[1], dim=1).transpose(1, 2)  # [B, T, H, d_h]
     c_I, c_P = (c.view(-1, 1) for c in module.coefficients())   # one (c_I, c_P) per head
-    return c_I * v + c_P * pv                                      # out_h = c_I·V_h + c_P·(P_h V_h)
+    # out_h = c_I·V_h + c_P·(P_h V_h), in the activations' dtype with dL/dc summed in float32 (model.OperatorSum)
+    return OperatorSum.apply(v, pv, c_I, c_P)
 
 
 def operator_attention(module, query, key, value, attention_mask, **kwargs):
