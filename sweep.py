@@ -41,7 +41,7 @@ from typing import NamedTuple
 import torch
 from tqdm import tqdm
 
-from common import (PEAK_FLOPS, UserError, atomic_write, load_checkpoint, load_run, main_guard, model_config,
+from common import (PEAK_FLOPS, UserError, atomic_write, check_tokenizer, load_checkpoint, load_run, main_guard, model_config,
                     occupancy_report, parse_config)
 from connection import depth_regimes
 from model import GPT, in_corridor
@@ -67,6 +67,7 @@ VARIANTS = {
     'corridor_lr':        lambda mult=10.0: dict(operator='corridor', operator_lr_mult=mult),
     'corridor_spread_lr': lambda mult=10.0: dict(operator='corridor', init_spread=0.5, operator_lr_mult=mult),
     'delta_only':         lambda: dict(operator='corridor', learn_gamma=False),  # γ = 0: a learned scale per head
+    'fixed_gamma_delta':  lambda gamma=-0.1: dict(operator='corridor', gamma_init=gamma, learn_gamma=False),  # γ fixed, δ learns
 }
 
 
@@ -186,6 +187,8 @@ class Study(NamedTuple):
     figures: str         # the function below that adds the study's own figures and verdicts to its report
 
 
+# the pretrained study's fixed γ with δ learned: the best γ of the frozen model's curve (PRETRAINED_GAMMAS below)
+PRETRAINED_FIXED_GAMMA = -0.1
 CLAIMS = ('attention', 'corridor', 'gamma_nonneg', 'fixed_gamma', 'laplacian', 'alpha', 'alpha_beta',
           'corridor_spread')
 FIXED_GAMMAS = (-0.05, -0.1, -0.2, -0.3, -0.5, -0.7, -0.9)
@@ -242,7 +245,12 @@ STUDIES = {
     'pretrained': Study(
         "A pretrained LM's heads given the corridor, every other weight frozen: does learning γ and δ lower held-out "
         "loss beyond learning δ alone (γ = 0), and beyond the frozen model? Where does γ settle?",
-        parts=(Part('wikitext2_smollm2-135m/operator', ('corridor', 'delta_only'), 2),),
+        # 4 data-order seeds a cell (3 df). Claim (c)'s pair first, seed-major, then δ only, then the best fixed γ
+        # of the frozen curve with δ learned and the other two forms; the frozen curve itself is an evaluation
+        parts=(Part('wikitext2_smollm2-135m/operator', ('gamma_nonneg', 'corridor'), 4),
+               Part('wikitext2_smollm2-135m/operator', ('delta_only',), 4),
+               Part('wikitext2_smollm2-135m/operator', (f'fixed_gamma_delta={PRETRAINED_FIXED_GAMMA}', 'alpha',
+                                                         'alpha_beta'), 4)),
         gpu_parts=(Part('wikitext2_qwen2.5-0.5b/operator', ('corridor', 'delta_only'), 3),
                    Part('wikitext2_qwen2.5-0.5b/full', ('corridor', 'delta_only'), 3)),
         figures='pretrained_figures'),
@@ -894,25 +902,81 @@ def gamma_dynamics_figures(results, out, tests, study):
     return lines + ['', 'Across seeds:', '', *summaries, '', *images]
 
 
+# the pretrained study's cells, each a difference of final val losses paired by seed ('frozen': the run's own
+# evaluation at iteration 0, where γ = 0, δ = 1 computes the pretrained model on the same batches): (claim, a, b)
+PRETRAINED_CELLS = (('(a)', 'corridor', 'delta_only'), ('(a)', 'corridor', 'frozen'), ('–', 'delta_only', 'frozen'),
+                    ('(c)', 'gamma_nonneg', 'corridor'), ('(d), δ learned', 'fixed_gamma_delta', 'delta_only'),
+                    ('forms', 'alpha', 'corridor'), ('forms', 'alpha_beta', 'corridor'))
+PRETRAINED_FAMILY = 'every cell of the pretrained study (trained cells paired by seed, frozen cells by batch)'
+
+
+def pretrained_variant(summary, name):
+    """The study's variant spec for a cell's name: fixed_gamma_delta stands for whichever fixed γ the study trains."""
+    if name == 'fixed_gamma_delta':
+        return next((v for v in summary if v.split('=')[0] == name), name)
+    return name
+
+
+def study_settings(study):
+    """The settings of a study's parts, by its report name ('pretrained', 'pretrained-gpu')."""
+    base, gpu = study.removesuffix('-gpu'), study.endswith('-gpu')
+    if base not in STUDIES:
+        return []
+    return list(dict.fromkeys(p.setting for p in (STUDIES[base].gpu_parts if gpu else STUDIES[base].parts)))
+
+
+def frozen_gamma_cells(losses, tests, setting):
+    """Each fixed γ of the frozen model: (γ, mean val loss over the batches, its SE, the cell of γ − (γ = 0) paired
+    by batch); γ = 0's cell is '–'."""
+    rows = []
+    for gamma, values in sorted(losses.items()):
+        se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float('nan')
+        cell = '–' if gamma == 0 else tests.add(
+            PRETRAINED_FAMILY, f'{setting}: frozen, γ = {gamma:+g} − γ = 0 (δ = 1)',
+            [a - b for a, b in zip(values, losses[0.0])])
+        rows.append((gamma, statistics.fmean(values), se, cell))
+    return rows
+
+
 def pretrained_figures(results, out, tests, study):
-    """A frozen pretrained model given the operator: corridor against δ alone, and each against the frozen model
-    (the same run's evaluation at iteration 0, where γ = 0, δ = 1 computes the pretrained model exactly, on the same
-    batches); per run where γ ends, how many heads sit deep in the corridor, how far γ still moves in the last
-    quarter, and the wall time; figures of γ per layer and over training."""
-    lines = ["### Operator-only fine-tuning against δ alone and against the frozen model, paired by seed", '',
-             "| setting | test | mean [95 % CI], p, Holm p, MDE: verdict |", '|---|---|---|']
+    """A frozen pretrained model given the operator, the paper's four claims as cells (PRETRAINED_CELLS, paired by
+    seed at the final evaluation), and the frozen model's fixed-γ curve at δ = 1 (frozen_gamma_losses: per batch,
+    paired with γ = 0 by batch), all in one Holm family; per run where γ ends, how far it still moves in the last
+    quarter, and the wall time; a figure of every cell and the curve, and one of γ per layer and over training."""
+    lines = ["### The claims at this scale: one Holm family", '',
+             "Trained cells: final val loss, paired by seed ('frozen': the run's own evaluation at iteration 0, where "
+             "γ = 0, δ = 1 computes the pretrained model on the same batches). Frozen cells: the pretrained model with "
+             "every head at a fixed γ, δ = 1 (nothing to train), on the evaluation batches of seed "
+             f"{FROZEN_SEED}, paired with γ = 0 by batch: their CI is over batches, not seeds. Claim (b) is the "
+             "per-run table below.", '',
+             "| setting | claim | cell | seeds | mean [95 % CI], p, Holm p, MDE: verdict |", '|---|---|---|---|---|']
     rows = ["### Where γ ends, per run", '',
             f"| setting | variant | seed | frozen → final val loss | γ̄ [min, max] | −1 < γ < 0 | −1 < γ < {DEEP} | "
             "largest γ range in the last quarter | wall time |", '|---|---|---|---|---|---|---|---|---|']
-    images = []
-    for setting, (loaded, summary) in results.items():
-        for a, b in (('corridor', 'delta_only'), ('corridor', 'frozen'), ('delta_only', 'frozen')):
+    curves, images, out_root = [], [], os.path.dirname(os.path.normpath(out))
+    settings = list(dict.fromkeys([*study_settings(study), *results]))
+    for setting in settings:
+        loaded, summary = results.get(setting, ({}, {}))
+        path = frozen_gamma_path(out_root, setting)
+        if os.path.isfile(path):
+            with open(path) as f:
+                saved = json.load(f)
+            losses = {float(g): v for g, v in saved['losses'].items()}
+            if 0.0 in losses:
+                curves.append((setting, saved, frozen_gamma_cells(losses, tests, setting)))
+        if not loaded:
+            continue
+        cells = []
+        for claim, a, b in PRETRAINED_CELLS:
+            a, b = pretrained_variant(summary, a), pretrained_variant(summary, b)
             if a not in summary or (b != 'frozen' and b not in summary):
+                lines.append(f"| {setting} | {claim} | {a} − {b} | 0 | not trained yet |")
                 continue
             differences = [loaded[(a, s)]['log'][-1]['val_loss'] - loaded[(a, s)]['log'][0]['val_loss']
                            for s in summary[a]['seeds']] if b == 'frozen' else paired_differences(loaded, a, b)
-            cell = tests.add(family(study, a, b), f'{setting}: {a} − {b}', differences)
-            lines.append(f"| {setting} | {a} − {b} | {cell} |")
+            cell = tests.add(PRETRAINED_FAMILY, f'{setting}: {a} − {b}', differences)
+            cells.append((f'{a} − {b}', differences, cell))
+            lines.append(f"| {setting} | {claim} | {a} − {b} | {len(differences)} | {cell} |")
         fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
         extremes = [0.0]
         for (variant, seed), run in sorted(loaded.items()):
@@ -948,7 +1012,127 @@ def pretrained_figures(results, out, tests, study):
         name = f"pretrained_{setting.replace('/', '_')}.png"
         save(fig, os.path.join(out, name))
         images += [f'![γ by layer, {setting}]({name})', '']
-    return lines + [''] + rows + [''] + images
+        plot_pretrained_cells(setting, cells, next((c for c in curves if c[0] == setting), None),
+                              os.path.join(out, f"pretrained_claims_{setting.replace('/', '_')}.png"))
+        images += [f"![the cells and the frozen fixed-γ curve, {setting}](pretrained_claims_{setting.replace('/', '_')}.png)", '']
+    for setting, saved, frozen in curves:
+        if setting not in results:  # no trained run yet: the curve alone
+            plot_pretrained_cells(setting, [], (setting, saved, frozen),
+                                  os.path.join(out, f"pretrained_claims_{setting.replace('/', '_')}.png"))
+            images += [f"![the frozen fixed-γ curve, {setting}](pretrained_claims_{setting.replace('/', '_')}.png)", '']
+    frozen_lines = []
+    for setting, saved, frozen in curves:
+        identity = saved['identity']
+        frozen_lines += [f"### {setting}: the frozen model at fixed γ, δ = 1 (claim (d), no training)", '',
+                         f"{identity['init_from']} with every head at γ, δ = 1, on the {identity['eval_iters']} "
+                         f"evaluation batches of seed {identity['seed']} ({identity['batch_size']} × "
+                         f"{identity['block_size']} tokens each, {identity['dataset']}'s val split); SE over "
+                         "batches; the difference to γ = 0 (the pretrained model) paired by batch.", '',
+                         "| γ | val loss | SE | − γ = 0, paired by batch: mean [95 % CI], p, Holm p, MDE: verdict | "
+                         "wall time |", '|---|---|---|---|---|']
+        for gamma, mean, se, cell in frozen:
+            frozen_lines.append(f"| {gamma:+g} | {mean:.4f} | {se:.4f} | {cell} | "
+                                f"{saved['seconds'][f'{gamma:+g}'] / 60:.1f} min |")
+        frozen_lines.append('')
+    if not curves:
+        frozen_lines = ["The frozen model's fixed-γ curve: not evaluated yet (`python sweep.py --study=pretrained` "
+                        "evaluates it before any run)", '']
+    return lines + [''] + frozen_lines + rows + [''] + images
+
+
+def plot_pretrained_cells(setting, cells, curve, path):
+    """Left: every trained cell, mean and 95 % CI over seeds; right: the frozen model's val loss at fixed γ, δ = 1,
+    minus γ = 0's, paired by batch (mean, 95 % CI over batches)."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw=dict(width_ratios=(1.2, 1)))
+    measured = [(label, d) for label, d, _ in cells if d]
+    for i, (label, differences) in enumerate(measured):
+        axes[0].errorbar([statistics.fmean(differences)], [i], xerr=[ci_half_width(differences)], marker='o',
+                         capsize=3, color='C0')
+        axes[0].plot(differences, [i] * len(differences), 'x', color='gray', ms=4)
+    axes[0].set_yticks(range(len(measured)), [f'{label} (n = {len(d)})' for label, d in measured], fontsize=8)
+    axes[0].axvline(0, color='black', lw=0.8)
+    axes[0].set_xlabel('Δ final val loss (nats per token)')
+    axes[0].set_title(f'{setting}: trained cells, paired by seed (95 % CI; ×: seeds)' if measured else
+                      f'{setting}: no trained cell yet', fontsize=9)
+    if curve:
+        _, saved, frozen = curve
+        losses = {float(g): v for g, v in saved['losses'].items()}
+        gammas = [g for g, *_ in frozen]
+        diffs = [[a - b for a, b in zip(losses[g], losses[0.0])] for g in gammas]
+        axes[1].errorbar(gammas, [statistics.fmean(d) for d in diffs], yerr=[ci_half_width(d) for d in diffs],
+                         marker='o', capsize=3, color='tab:blue')
+        axes[1].axvspan(min(gammas + [-1e-9]), 0, color='tab:green', alpha=0.08)
+        axes[1].axhline(0, color='black', lw=0.8)
+        axes[1].set_xlabel('fixed γ of every head (δ = 1)')
+        axes[1].set_ylabel('val loss − γ = 0 (nats per token)')
+        base = next(mean for g, mean, *_ in frozen if g == 0)
+        axes[1].set_title(f'frozen model: fixed γ, paired by batch (95 % CI over {len(losses[0.0])} batches; '
+                          f'γ = 0: {base:.4f})', fontsize=9)
+    else:
+        axes[1].set_axis_off()
+    return save(fig, path)
+
+
+# The pretrained study's frozen cell: with every weight frozen, a fixed γ at δ = 1 has nothing to learn, so claim (d)
+# at 135M is an evaluation, one per γ, of the pretrained model on the evaluation batches train.py draws for a seed
+# (estimate_loss's val batches: the very batches that seed's trained runs are evaluated on, so γ = 0 is their
+# iteration-0 loss). Each batch's loss is kept: the SE over batches, and each γ's difference to γ = 0 paired by batch.
+PRETRAINED_GAMMAS = (-0.3, -0.2, -0.1, -0.05, 0.0, 0.05)
+FROZEN_SEED = 0
+
+
+def frozen_gamma_path(out_root, setting):
+    return os.path.join(out_root, setting, 'frozen_gamma.json')
+
+
+def frozen_gamma_losses(setting, out_root, gammas=PRETRAINED_GAMMAS, seed=FROZEN_SEED, train_args=()):
+    """{γ: [val loss per evaluation batch]} of the setting's frozen pretrained model with every head at fixed γ,
+    δ = 1, on the val batches train.py's evaluation draws for `seed`; kept in OUT_ROOT/<setting>/frozen_gamma.json
+    after each γ, so that a rerun continues (and recomputes all if the setting's data or batches changed)."""
+    import train  # its Data, for the very batches a run's estimate_loss draws
+    from types import SimpleNamespace
+    config_file, keys = SETTINGS[setting]
+    args = [os.path.join(os.path.dirname(os.path.abspath(__file__)), config_file),
+            *(f'--{k}={v!r}' for k, v in keys.items()), f'--seed={seed}', *train_args]
+    cfg = SimpleNamespace(**parse_config(TRAIN_DEFAULTS, args))
+    identity = dict(init_from=cfg.init_from, dataset=cfg.dataset, seed=seed, eval_iters=cfg.eval_iters,
+                    batch_size=cfg.batch_size, block_size=cfg.block_size, dtype=cfg.dtype)
+    path = frozen_gamma_path(out_root, setting)
+    saved = dict(identity=identity, losses={}, seconds={})
+    if os.path.isfile(path):
+        with open(path) as f:
+            previous = json.load(f)
+        if previous.get('identity') == identity:
+            saved = previous
+    todo = [g for g in gammas if f'{g:+g}' not in saved['losses']]
+    if todo:
+        data = train.Data(cfg, cfg.device)
+        model, _ = walk_hf.load_pretrained(cfg.init_from, operator='corridor', learn_gamma=False, learn_delta=False)
+        check_tokenizer(model, data.meta, data.dir)
+        model.to(cfg.device).eval()
+        offsets = data.offsets('val', cfg.eval_iters, torch.Generator().manual_seed(cfg.seed + 1000 + 1))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        for gamma in todo:
+            for attn in walk_hf.attention_modules(model.lm):
+                attn.coefficients.gamma.fill_(gamma)
+            start, losses = time.time(), []
+            with torch.no_grad():
+                for k in tqdm(range(cfg.eval_iters), desc=f'frozen model, γ = {gamma:+g}', unit='batch'):
+                    x, y = data.batch('val', offsets[k])
+                    losses.append(model(x, y)[1].item())
+            saved['losses'][f'{gamma:+g}'], saved['seconds'][f'{gamma:+g}'] = losses, time.time() - start
+            with atomic_write(path) as f:
+                json.dump(saved, f, indent=1)
+    return {g: saved['losses'][f'{g:+g}'] for g in gammas}, {g: saved['seconds'][f'{g:+g}'] for g in gammas}
+
+
+def frozen_settings(parts):
+    """The settings of a study's parts whose runs freeze every pretrained weight: those get the fixed-γ curve."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [setting for setting in dict.fromkeys(p.setting for p in parts if p.setting)
+            if parse_config(TRAIN_DEFAULTS, [os.path.join(here, SETTINGS[setting][0]),
+                                             *(f'--{k}={v!r}' for k, v in SETTINGS[setting][1].items())])
+            ['train_only'] == 'operator']
 
 
 def geometry_figures(results, out, tests, study):
@@ -1063,7 +1247,7 @@ def report(name, study, runs, out):
         if loaded:
             variants = list(dict.fromkeys(v for (s, v, _) in runs if s == setting))  # canonical specs
             results[setting or 'sweep'] = (loaded, summarize(loaded, variants))
-    if not results:
+    if not results and study.figures != 'pretrained_figures':  # (whose frozen curve needs no run)
         raise UserError(f"no finished run to report yet ({len(runs)} planned)")
     tests = Tests()
     lines = [f"# {name}: {study.question}", '', f"{len(runs) - len(skipped)} of {len(runs)} runs finished. "
@@ -1133,6 +1317,9 @@ def main(argv):
     if cfg['plan']:
         return print_plan(runs)
     if not cfg['report_only']:
+        if study.figures == 'pretrained_figures':  # the frozen model's fixed-γ curve: evaluations, before any run
+            for setting in frozen_settings(parts):
+                frozen_gamma_losses(setting, cfg['out_root'], train_args=train_args)
         train_all(runs, cfg['parallel'])
     report(name, study, runs, out)
 

@@ -527,3 +527,149 @@ def test_the_pretrained_report_pairs_the_corridor_with_delta_only_and_with_the_f
     assert '| wiki/operator | corridor | 1 | 3.1000 → 2.9600 | -0.300 [-0.30, -0.30] | 100% | 100% | 0.150 | 11 min |' \
         in text
     assert (tmp_path / 'pretrained_wiki_operator.png').stat().st_size > 1000
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the pretrained study at 135M: its cells, the frozen model's fixed-γ curve (an evaluation), the report
+
+def test_the_pretrained_study_trains_every_cell_with_four_seeds_claim_c_first(tiny_data_root):
+    parts = sweep.STUDIES['pretrained'].parts
+    runs = list(sweep.plan_runs(parts, 'sweeps', sweep.CPU, [f'--data_root={tiny_data_root}', '--dataset=tiny']))
+    variants = {v for _, v, _ in runs}
+    fixed = sweep.parse_variant(f'fixed_gamma_delta={sweep.PRETRAINED_FIXED_GAMMA}')[0]
+    assert variants == {'gamma_nonneg', 'corridor', 'delta_only', fixed, 'alpha', 'alpha_beta'}
+    assert all(sorted(s for _, w, s in runs if w == v) == [0, 1, 2, 3] for v in variants)  # 3 df a cell
+    assert [v for _, v, _ in runs[:2]] == ['gamma_nonneg', 'corridor']  # claim (c)'s pair trains first
+    assert sweep.parse_variant('fixed_gamma_delta=-0.2')[1] == dict(operator='corridor', gamma_init=-0.2,
+                                                                    learn_gamma=False)  # δ learns
+    for _, a, b in sweep.PRETRAINED_CELLS:  # every cell's variants are trained
+        assert {a, b} - {'frozen'} <= {v.split('=')[0] for v in variants}
+    assert sweep.PRETRAINED_FIXED_GAMMA in sweep.PRETRAINED_GAMMAS and sweep.PRETRAINED_FIXED_GAMMA < 0
+
+
+@pytest.fixture(scope='module')
+def tiny_frozen(tmp_path_factory):
+    """A random tiny Llama with its own word tokenizer, WikiText-2-shaped data prepared with it, and a setting's base
+    config that freezes it (as configs/smollm2_operator.py does SmolLM2)."""
+    import transformers
+    from conftest import synthetic_text
+    from test_walk import save_word_tokenizer
+    root = tmp_path_factory.mktemp('frozen')
+    text = synthetic_text(400)
+    model_dir = root / 'tiny-llama'
+    save_word_tokenizer(model_dir, text, bert=False)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=len(transformers.AutoTokenizer.from_pretrained(model_dir)), hidden_size=32, intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=True)).save_pretrained(model_dir)
+    (root / 'wiki').mkdir()
+    (root / 'wiki' / 'wiki.valid.raw').write_text(text)
+    (root / 'wiki' / 'wiki.test.raw').write_text(synthetic_text(200, seed=1))
+    result = run_script('prepare.py', 'wikitext2', '--input', root / 'wiki', f'--tokenizer={model_dir}',
+                        '--data_root', root, cwd=root)
+    assert result.returncode == 0, result.stderr[-2000:]
+    config = root / 'tiny_operator.py'
+    config.write_text(f"init_from = {str(model_dir)!r}\ntrain_only = 'operator'\noperator = 'corridor'\n"
+                      f"dataset = 'wikitext2_tiny-llama'\ndata_root = {str(root)!r}\ndevice = 'cpu'\n"
+                      "compile = False\ndtype = 'float32'\nblock_size = 16\nbatch_size = 4\neval_iters = 3\n"
+                      "max_iters = 0\nlr_decay_iters = 10\nwarmup_iters = 2\n")
+    return root, config
+
+
+def iteration0_val_loss(root, config, out, *args):
+    """train.py's own evaluation at iteration 0 (max_iters = 0: no step), its log's val loss."""
+    result = run_script('train.py', str(config), f'--out_dir={out}', '--seed=0', *args, cwd=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((out / 'log.jsonl').read_text().splitlines()[0])['val_loss']
+
+
+def test_the_frozen_curve_evaluates_train_pys_batches_at_each_fixed_gamma_and_continues(tiny_frozen, tmp_path,
+                                                                                       monkeypatch):
+    """γ = 0 is the pretrained model on the very batches train.py evaluates for the seed; a fixed γ is the model
+    train.py builds with gamma_init = γ, δ = 1 (on every weight frozen, a run with nothing to train: train_only=all
+    at max_iters = 0 evaluates it); a rerun reads the file; a new γ evaluates only itself; other batches: all again."""
+    root, config = tiny_frozen
+    monkeypatch.setitem(sweep.SETTINGS, 'tiny/operator', (str(config), dict()))
+    losses, seconds = sweep.frozen_gamma_losses('tiny/operator', str(tmp_path), gammas=(-0.3, 0.0))
+    assert [len(v) for v in losses.values()] == [3, 3] and all(s > 0 for s in seconds.values())
+    assert statistics.fmean(losses[0.0]) == pytest.approx(iteration0_val_loss(root, config, tmp_path / 'r0'), rel=1e-6)
+    assert statistics.fmean(losses[-0.3]) == pytest.approx(iteration0_val_loss(
+        root, config, tmp_path / 'r1', '--train_only=all', '--gamma_init=-0.3', '--learn_gamma=False',
+        '--learn_delta=False'), rel=1e-6)
+    assert losses[-0.3] != losses[0.0]
+    # seed 1's batches are other batches
+    other = sweep.frozen_gamma_losses('tiny/operator', str(tmp_path / 'seed1'), gammas=(0.0,), seed=1)[0]
+    assert other[0.0] != losses[0.0]
+
+    loads = []
+    real = sweep.walk_hf.load_pretrained
+    monkeypatch.setattr(sweep.walk_hf, 'load_pretrained', lambda *a, **k: loads.append(a) or real(*a, **k))
+    assert sweep.frozen_gamma_losses('tiny/operator', str(tmp_path), gammas=(-0.3, 0.0))[0] == losses
+    assert loads == []  # read from the file, nothing evaluated
+    again = sweep.frozen_gamma_losses('tiny/operator', str(tmp_path), gammas=(-0.3, -0.1, 0.0))[0]
+    saved = json.loads((tmp_path / 'tiny' / 'operator' / 'frozen_gamma.json').read_text())
+    assert len(loads) == 1 and sorted(saved['losses']) == ['+0', '-0.1', '-0.3']
+    assert again[-0.3] == losses[-0.3] and again[0.0] == losses[0.0]
+    sweep.frozen_gamma_losses('tiny/operator', str(tmp_path), gammas=(0.0,), train_args=['--eval_iters=2'])
+    saved = json.loads((tmp_path / 'tiny' / 'operator' / 'frozen_gamma.json').read_text())
+    assert sorted(saved['losses']) == ['+0'] and len(saved['losses']['+0']) == 2  # other batches: a fresh file
+
+
+def pretrained_run(first, last, gamma, seconds):
+    log = [dict(iter=i, tokens=i * 1000, val_loss=v, gamma=[[g] * 2] * 3) for i, v, g in
+           ((0, first, 0.0), (5, (first + last) / 2, gamma / 2), (10, last, gamma))]
+    return dict(log=log, seconds=seconds)
+
+
+def test_the_pretrained_report_has_every_claim_and_the_frozen_curve_in_one_holm_family(tmp_path):
+    """Four seeds of every cell and a frozen curve of three γ over 4 batches: each trained cell paired by seed (and
+    against each run's iteration-0 loss), each γ − (γ = 0) paired by batch, all adjusted together; a cell not trained
+    yet says so; with no run finished, the curve alone."""
+    setting = 'wikitext2_smollm2-135m/operator'
+    frozen = [3.0, 3.2, 3.1, 3.3]  # every seed's iteration-0 loss, so each − frozen is its final loss − 3.x
+    finals = {'corridor': [2.90, 3.08, 3.01, 3.18], 'delta_only': [2.95, 3.12, 3.03, 3.24],
+              'gamma_nonneg': [2.93, 3.10, 3.04, 3.20], 'fixed_gamma_delta=-0.2': [2.94, 3.11, 3.02, 3.22],
+              'alpha': [2.91, 3.07, 3.02, 3.17]}
+    loaded = {(v, s): pretrained_run(frozen[s], x, -0.1 if v != 'delta_only' else 0.0, 600)
+              for v, values in finals.items() for s, x in enumerate(values)}
+    summary = {v: dict(seeds=[0, 1, 2, 3]) for v in finals}
+    curve = {'-0.1': [2.98, 3.05, 3.00, 2.99], '+0': [3.00, 3.10, 3.02, 3.01], '+0.05': [3.01, 3.12, 3.02, 3.03]}
+    (tmp_path / setting).mkdir(parents=True)
+    (tmp_path / setting / 'frozen_gamma.json').write_text(json.dumps(dict(
+        identity=dict(init_from='smollm2-135m', dataset='wiki', seed=0, eval_iters=4, batch_size=4, block_size=256,
+                      dtype='float32'), losses=curve, seconds={g: 120.0 for g in curve})))
+    out = tmp_path / 'pretrained'
+    out.mkdir()
+    tests = sweep.Tests()
+    lines = sweep.pretrained_figures({setting: (loaded, summary)}, str(out), tests, 'pretrained')
+    tests.finish()
+    text = tests.fill('\n'.join(lines))
+    by_label = {t['label']: t for t in tests.tests}
+
+    def diffs(a, b):
+        return [x - y for x, y in zip(finals[a], finals[b] if b in finals else frozen)]
+    for a, b in (('corridor', 'delta_only'), ('corridor', 'frozen'), ('delta_only', 'frozen'),
+                 ('gamma_nonneg', 'corridor'), ('fixed_gamma_delta=-0.2', 'delta_only'), ('alpha', 'corridor')):
+        assert by_label[f'{setting}: {a} − {b}']['differences'] == pytest.approx(diffs(a, b)), (a, b)
+    assert by_label[f'{setting}: frozen, γ = -0.1 − γ = 0 (δ = 1)']['differences'] == pytest.approx(
+        [-0.02, -0.05, -0.02, -0.02])
+    assert {t['family'] for t in tests.tests} == {sweep.PRETRAINED_FAMILY}
+    assert {t['family_size'] for t in tests.tests} == {8}  # 6 trained cells + 2 fixed γ
+    # the cell by hand: gamma_nonneg − corridor +0.03, +0.02, +0.03, +0.02: mean +0.025, SD 0.005774, 3 df
+    t = tests.tests[[t['label'] for t in tests.tests].index(f'{setting}: gamma_nonneg − corridor')]
+    se = 0.005774 / 2
+    assert (t['mean'], t['low'], t['high']) == (pytest.approx(0.025), pytest.approx(0.025 - 3.182 * se, abs=1e-4),
+                                                pytest.approx(0.025 + 3.182 * se, abs=1e-4))
+    assert f"| {setting} | (c) | gamma_nonneg − corridor | 4 | +0.025 [" in text
+    assert f"| {setting} | forms | alpha_beta − corridor | 0 | not trained yet |" in text
+    se_curve = statistics.stdev(curve['-0.1']) / 2
+    assert f"| -0.1 | {statistics.fmean(curve['-0.1']):.4f} | {se_curve:.4f} | -0.0275 [" in text
+    assert '| +0 | 3.0325 | ' in text and '| 2.0 min |' in text
+    assert (out / 'pretrained_claims_wikitext2_smollm2-135m_operator.png').stat().st_size > 1000
+
+    # no run finished yet: the frozen curve alone (report() asks for no run in this study)
+    tests = sweep.Tests()
+    lines = sweep.pretrained_figures({}, str(out), tests, 'pretrained')
+    tests.finish()
+    assert [t['family_size'] for t in tests.tests] == [2, 2] and any(line.startswith('| -0.1 | ') for line in lines)
