@@ -33,7 +33,7 @@ import time
 import numpy as np
 import torch
 
-from common import PEAK_FLOPS, atomic_write, peak_flops
+from common import PEAK_FLOPS, UserError, atomic_write, peak_flops, sdpa_backend
 from model import GPT, OPERATORS, CausalSelfAttention, GPTConfig
 from connection import connection_diagnostics, head_weights
 
@@ -115,6 +115,30 @@ def timed(fn, device, repeats=1):
     return (time.perf_counter() - t0) / repeats
 
 
+# the aten ops behind F.scaled_dot_product_attention's backends (their _backward twins count too)
+SDPA_KERNEL_OPS = {'_scaled_dot_product_flash_attention': 'flash', '_scaled_dot_product_flash_attention_for_cpu': 'flash',
+                   '_scaled_dot_product_efficient_attention': 'efficient',
+                   '_scaled_dot_product_cudnn_attention': 'cudnn', '_scaled_dot_product_attention_math': 'math'}
+
+
+def sdpa_kernels(fn):
+    """The SDPA backends fn() runs (sorted names: flash, efficient, cudnn, math), from the aten ops the profiler
+    records: what actually ran, whatever the priority list says."""
+    from torch.profiler import ProfilerActivity, profile
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:  # the profiler's C++ side announces its start and stop on stderr: not for the reader
+        with open(os.devnull, 'w') as null:
+            os.dup2(null.fileno(), 2)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                fn()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    names = {event.name.removeprefix('aten::') for event in prof.events()}
+    return sorted({kernel for op, kernel in SDPA_KERNEL_OPS.items() if op in names or f'{op}_backward' in names})
+
+
 def median_ratio(times, a, b):
     """b's throughput relative to a's: the median over rounds of time(a) / time(b), paired by round."""
     return statistics.median(ta / tb for ta, tb in zip(times[a], times[b]))
@@ -173,7 +197,7 @@ def bench_training(p, device, autocast, results, baseline=None):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    memory = {}
+    memory, kernels = {}, {}
     for key, variant in variants.items():  # warm-up (compiles) and memory, one variant at a time
         t0 = time.perf_counter()
         step(variant)
@@ -181,8 +205,9 @@ def bench_training(p, device, autocast, results, baseline=None):
         with Memory(device) as m:
             step(variant)
         memory[key] = m.bytes
+        kernels[key] = sdpa_kernels(lambda: step(variant))
         print(f"  warm-up {key[0]:>10} {key[1]:>8}{' (baseline)' if len(key) > 2 else ''}: {warm:6.1f} s (first step, "
-              f"with compile)")
+              f"with compile); SDPA kernel: {', '.join(kernels[key]) or 'none'}")
     times = {key: [] for key in variants}
     for _ in range(p['rounds']):
         for key, variant in variants.items():  # attention, corridor, ... interleaved in every round
@@ -205,6 +230,7 @@ def bench_training(p, device, autocast, results, baseline=None):
         print(f"  {form:>10} {mode:>8} {tps:>12,.0f} {speed:>13.3f} {memory[(form, mode)] / 2**20:>10.1f} {mem:>13.3f}{mfu}")
         results['training'][f'{form}/{mode}'] = dict(tokens_per_s=tps, throughput_vs_attention=speed,
                                                     memory_bytes=memory[(form, mode)], memory_vs_attention=mem,
+                                                    sdpa_kernels=kernels[(form, mode)],
                                                     mfu=model.flops_per_token(p['block_size']) * tps / peak if peak else None)
     if baseline:
         print("\n  against the baseline model.py (the same variants, interleaved in every round):")
@@ -463,6 +489,11 @@ def compile_check(p, device, autocast, results):
 
 
 def main(argv):
+    with contextlib.ExitStack() as stack:  # what the whole run holds (the SDPA backend)
+        run(argv, stack)
+
+
+def run(argv, stack):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--preset', choices=list(PRESETS), default='cpu')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
@@ -471,10 +502,18 @@ def main(argv):
     parser.add_argument('--baseline', help="a git revision (e.g. HEAD~1) or a file whose model.py the training step "
                         "is also timed with, interleaved: what a change to model.py costs")
     parser.add_argument('--forms', help="comma-separated operator forms of the training step (default: the preset's)")
+    parser.add_argument('--modes', help="comma-separated: eager, compiled (default: both)")
+    parser.add_argument('--dtype', choices=['float32', 'bfloat16', 'float16'],
+                        help="autocast dtype (default: the preset's on a GPU, float32 on CPU)")
+    parser.add_argument('--sdpa_backend', default='auto', help="SDPA kernel: auto, flash, efficient, cudnn, math")
     parser.add_argument('--skip', default='', help='comma-separated parts to skip: '
                         'training,epilogue,train_runs,compile_check,paths,kv_cache,walk')
     args = parser.parse_args(argv)
     p = PRESETS[args.preset]
+    if args.modes:
+        p = {**p, 'modes': tuple(args.modes.split(','))}
+        if not set(p['modes']) <= {'eager', 'compiled'}:
+            sys.exit(f"error: --modes takes eager and/or compiled, got {args.modes!r}")
     if args.forms:
         p = {**p, 'forms': tuple(args.forms.split(','))}
         if 'attention' not in p['forms'] or not set(p['forms']) <= set(OPERATORS):  # every ratio is against attention
@@ -487,7 +526,12 @@ def main(argv):
         name = torch.cuda.get_device_name(device)
     else:
         name = f"CPU, {torch.get_num_threads()} threads"
-    dtype = getattr(torch, p['dtype']) if device.startswith('cuda') else torch.float32
+    dtype = getattr(torch, args.dtype or (p['dtype'] if device.startswith('cuda') else 'float32'))
+    try:  # for the whole run; a backend this device lacks is one line
+        stack.enter_context(sdpa_backend(args.sdpa_backend, device, str(dtype).removeprefix('torch.'),
+                                         p['n_embd'] // p['n_head']))
+    except UserError as e:
+        sys.exit(f"error: {e}")
 
     def autocast():
         return torch.autocast(device.split(':')[0], dtype=dtype, enabled=dtype != torch.float32)
@@ -514,13 +558,16 @@ def main(argv):
         save()
     if 'compile_check' not in skip and device.startswith('cuda'):
         compile_check(p, device, autocast, results)
+        save()
     if 'paths' not in skip:
         bench_paths(p, device, autocast, results)
+        save()
     if 'kv_cache' not in skip:
         bench_kv_cache(p, device, autocast, results)
+        save()
     if 'walk' not in skip:
         bench_walk(p, device, results)
-    save()
+        save()
     print(f"\nresults -> {path}")
     if 'corridor/compiled' in results['training']:
         print(headline(results))

@@ -396,6 +396,36 @@ def resolve_dtype(dtype, device):
     return 'bfloat16' if torch.cuda.get_device_capability(torch.device(device))[0] >= 8 else 'float16'
 
 
+# --sdpa_backend: which of F.scaled_dot_product_attention's kernels may run ('auto': PyTorch's own priority). On
+# Hopper its default picks FlashAttention; cuDNN's is reported faster for training shapes there, so it is a choice.
+SDPA_BACKENDS = ('auto', 'flash', 'efficient', 'cudnn', 'math')
+
+
+def sdpa_backend(name, device, dtype, head_size):
+    """A context manager that lets only this SDPA backend run ('auto': every one, nullcontext), after trying it here
+    on a small causal input of the model's dtype and head size, forward and backward: a backend this device (or
+    dtype, or head size) has no kernel for is one line now, not a crash at the first step."""
+    import contextlib
+    import warnings
+    if name not in SDPA_BACKENDS:
+        raise UserError(f"sdpa_backend must be one of {', '.join(SDPA_BACKENDS)}, got {name!r}")
+    if name == 'auto':
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = {'flash': SDPBackend.FLASH_ATTENTION, 'efficient': SDPBackend.EFFICIENT_ATTENTION,
+               'cudnn': SDPBackend.CUDNN_ATTENTION, 'math': SDPBackend.MATH}[name]
+    q = torch.randn(1, 2, 16, head_size, device=device, dtype=getattr(torch, dtype), requires_grad=True)
+    try:
+        with sdpa_kernel(backend), warnings.catch_warnings():
+            warnings.simplefilter('ignore')  # PyTorch warns once per reason a kernel was refused; the error says it
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    except RuntimeError as e:
+        reason = (str(e).strip().splitlines() or ['no kernel'])[0].split('. ')[0].rstrip('.')
+        raise UserError(f"sdpa_backend={name!r} does not run on {device} in {dtype} with head size {head_size} "
+                        f"({reason}): use --sdpa_backend=auto, or one of {', '.join(n for n in SDPA_BACKENDS[1:] if n != name)}") from None
+    return sdpa_kernel(backend)
+
+
 # Dense peak FLOP/s (without 2:4 sparsity, half the data sheets' starred figures) of NVIDIA's data sheets:
 # bf16/fp16 tensor cores, and TF32 for float32 (train.py and bench.py turn TF32 on). Matched in order against
 # torch.cuda.get_device_name(), e.g. 'NVIDIA H100 80GB HBM3', 'NVIDIA H100 NVL', 'NVIDIA H200 NVL': the PCIe and

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from common import (UserError, WriteFailed, append_line, atomic_write, check_tokenizer, checkpoint_progress,
                     describe_os_error, load_checkpoint, load_model, main_guard, model_config, model_from_checkpoint,
-                    parse_config, peak_flops, resolve_dtype, save_checkpoint)
+                    parse_config, peak_flops, resolve_dtype, save_checkpoint, SDPA_BACKENDS, sdpa_backend)
 from connection import PER_LAYER, connection_diagnostics
 from model import GPT, OPERATOR_DEFAULTS, OPERATOR_KEYS, gamma_delta, in_corridor
 
@@ -87,6 +87,8 @@ DEFAULTS = dict(
     device='cuda' if torch.cuda.is_available() else 'cpu',
     dtype='auto',                  # 'auto': bfloat16 where the GPU has it natively, else float16; float32 on CPU
     compile=True,
+    sdpa_backend='auto',           # F.scaled_dot_product_attention's kernel: auto (PyTorch's pick), flash, efficient,
+                                   # cudnn or math; one that can't run here fails at the start, in one line
     backend='auto',                # DDP: 'auto' = nccl on GPU, gloo on CPU
     seed=1337,
 )
@@ -135,6 +137,8 @@ def resolve_config(argv):
     if cfg.decay_lr and cfg.lr_decay_iters <= cfg.warmup_iters:
         raise UserError(f"lr_decay_iters={cfg.lr_decay_iters} must exceed warmup_iters={cfg.warmup_iters} "
                         f"(or --decay_lr=False)")
+    if cfg.sdpa_backend not in SDPA_BACKENDS:
+        raise UserError(f"sdpa_backend must be one of {', '.join(SDPA_BACKENDS)}, got {cfg.sdpa_backend!r}")
     if cfg.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
         raise UserError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}")
     if cfg.train_only not in ('all', 'operator'):
@@ -571,6 +575,8 @@ def train(argv, held):
     if cfg.block_size > raw_model.config.block_size:
         raise UserError(f"block_size={cfg.block_size} exceeds the model's {raw_model.config.block_size} positions")
     raw_model.to(device)
+    head_size = getattr(raw_model, 'head_size', raw_model.config.n_embd // raw_model.config.n_head)
+    held.enter_context(sdpa_backend(cfg.sdpa_backend, device, dtype, head_size))  # before compiling: it picks the kernel
     scaler = torch.amp.GradScaler(device.split(':')[0], enabled=dtype == 'float16')
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                                device.split(':')[0])

@@ -437,6 +437,11 @@ class PretrainedLM(torch.nn.Module):
             loss = F.cross_entropy(logits32, targets.flatten(), ignore_index=-1)
         return logits, loss
 
+    @property
+    def head_size(self):
+        c = text_config(self.lm)
+        return getattr(c, 'head_dim', None) or c.hidden_size // c.num_attention_heads
+
     def operator_coefficients(self):
         """(c_I, c_P) of every head: [n_layer, n_head, 2], detached, on CPU (as GPT's)."""
         with torch.no_grad():

@@ -210,3 +210,28 @@ def test_bf16_fast_path_stays_close_to_the_float64_math_path():
     assert abs(loss.item() - ref_loss.item()) < 0.02 * ref_loss.item()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         assert (p.grad.double() - q.grad).norm() <= 0.05 * q.grad.norm() + 1e-6, name
+
+
+# ---------------------------------------------------------------------------------------------- SDPA backends
+
+@pytest.mark.parametrize('name, expected', [('math', ['math']), ('flash', ['flash'])])
+def test_sdpa_backend_runs_only_the_chosen_kernel(name, expected):
+    from bench import sdpa_kernels
+    from common import sdpa_backend
+    model = tiny('corridor')
+    idx = torch.randint(0, 32, (2, 8))
+    with sdpa_backend(name, 'cpu', 'float32', 8):
+        assert sdpa_kernels(lambda: model(idx, idx)[1].backward()) == expected
+
+
+def test_a_backend_cpu_lacks_is_one_line_in_train_py(tiny_data_root, tmp_path):
+    from conftest import TINY_TRAIN_ARGS, assert_one_line_error, run_script
+    from common import UserError, sdpa_backend
+    with pytest.raises(UserError, match='sdpa_backend must be one of'):
+        sdpa_backend('fast', 'cpu', 'float32', 8)
+    result = run_script('train.py', '--sdpa_backend=turbo', cwd=tmp_path)
+    assert_one_line_error(result, 'sdpa_backend must be one of auto, flash, efficient, cudnn, math')
+    result = run_script('train.py', *TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', f'--out_dir={tmp_path / "out"}',
+                        '--sdpa_backend=efficient', cwd=tmp_path)
+    assert_one_line_error(result, "sdpa_backend='efficient' does not run on cpu in float32 with head size 16")
+    assert not (tmp_path / 'out').exists()  # refused before the run folder is touched
