@@ -17,6 +17,7 @@ look complete, and an earlier complete NAME folder stays until the new one repla
 
 import argparse
 import json
+import math
 import os
 import shutil
 import urllib.request
@@ -29,9 +30,8 @@ from tqdm import tqdm
 from common import UserError, WriteFailed, describe_os_error, gpt2_encoding, main_guard, storage_error
 
 SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
-# OpenWebText on the Hugging Face hub. datasets >= 4 no longer runs loading scripts, which the original repo
-# is; its automatic parquet export is script-free. Tried in order, each checked against the known size.
-OPENWEBTEXT_SOURCES = [('Skylion007/openwebtext', 'refs/convert/parquet'), ('Skylion007/openwebtext', None)]
+# OpenWebText: the Hugging Face hub's parquet export of Skylion007/openwebtext (the original repository is a loading
+# script, which datasets >= 4 no longer runs), checked against the known number of documents.
 OPENWEBTEXT_DOCUMENTS = 8_013_769
 GPT2_EOT = 50256
 
@@ -225,66 +225,143 @@ def prepare_text(out, args):
 
 # ---------------------------------------------------------------------------------------------- OpenWebText
 
-def load_openwebtext(input_path, num_proc):
-    """(dataset with a 'text' column, source description). --input: local parquet / jsonl / txt files."""
-    from datasets import load_dataset
+# Written straight from the parquet files: `datasets` would first copy the corpus into its Arrow cache and then map
+# it into int64 id lists there (about 9B tokens × 8 bytes), several times the 17 GB of uint16 that train.py reads.
+# Here each worker tokenizes one parquet row group into uint16 shard files, and the main process appends the shards
+# to train.bin / val.bin in order and deletes them: the output folder never holds much more than the final files.
+OPENWEBTEXT_PARQUET = ('Skylion007/openwebtext', 'refs/convert/parquet', 'plain_text/train/')
+VAL_FRACTION, SPLIT_SEED = 0.0005, 2357  # nanoGPT's split: 0.05 % of the documents validate
+# GPT-2 BPE on English web text: about 4.2 bytes of UTF-8 per token (OpenWebText: ~38 GB → 9.04B). The disk plan
+# assumes 3.5, so that it errs on the safe side by ~20 %.
+BYTES_PER_TOKEN_PLAN = 3.5
+
+
+def openwebtext_files(input_path):
+    """(parquet files, bytes still to download, source) for --input, or for the hub's parquet export: the file list
+    and sizes first, so that the disk plan is known before anything is fetched."""
     if input_path:
-        files = sorted(str(p) for p in Path(input_path).rglob('*.parquet')) if Path(input_path).is_dir() \
-            else [str(input_path)]
-        if not files or not Path(files[0]).exists():
-            raise UserError(f"--input {input_path}: no parquet files found")
-        fmt = {'.parquet': 'parquet', '.jsonl': 'json', '.json': 'json', '.txt': 'text'}.get(Path(files[0]).suffix)
-        if fmt is None:
-            raise UserError(f"--input {input_path}: expected .parquet, .jsonl or .txt files")
-        dataset = load_dataset(fmt, data_files=files, split='train', num_proc=num_proc)
-        print(f"source: local {fmt} files under {input_path} ({len(dataset):,} documents)")
-        return dataset, f"local:{input_path}"
-    tried = []
-    for repo, revision in OPENWEBTEXT_SOURCES:
-        name = f"{repo}@{revision or 'main'}"
-        try:
-            dataset = load_dataset(repo, revision=revision, split='train', num_proc=num_proc)
-        except (ConnectionError, TimeoutError) as e:
-            raise UserError(f"cannot reach the Hugging Face hub for {name} ({type(e).__name__}); download the "
-                            f"parquet files elsewhere and pass --input DIR") from None
-        except Exception as e:  # a missing revision, a loading script datasets refuses, an offline cache miss...
-            tried.append(f"{name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-            continue
-        if len(dataset) == OPENWEBTEXT_DOCUMENTS:
-            print(f"source: {name} ({len(dataset):,} documents, as expected)")
-            return dataset, name
-        tried.append(f"{name}: {len(dataset):,} documents, expected {OPENWEBTEXT_DOCUMENTS:,} (partial export?)")
-    raise UserError("no complete OpenWebText source: " + '; '.join(tried) + ". Pass local parquet files with --input DIR")
+        root = Path(input_path)
+        files = sorted(root.rglob('*.parquet')) if root.is_dir() else [root]
+        if not files or files[0].suffix != '.parquet':
+            raise UserError(f"--input {input_path}: no .parquet files (for .txt / .jsonl use `prepare.py text`)")
+        return files, 0, f"local:{input_path}"
+    from huggingface_hub import HfApi, hf_hub_download
+    repo, revision, folder = OPENWEBTEXT_PARQUET
+    try:
+        listing = [f for f in HfApi().list_repo_tree(repo, path_in_repo=folder.rstrip('/'), repo_type='dataset',
+                                                     revision=revision, recursive=True)
+                   if f.path.endswith('.parquet')]
+    except Exception as e:  # offline, a moved repository, ...
+        raise UserError(f"cannot list {repo}@{revision} on the Hugging Face hub ({type(e).__name__}); download its "
+                        f"parquet files elsewhere and pass --input DIR") from None
+    to_fetch = sum(f.size for f in listing)
+    files = []
+    for f in tqdm(sorted(listing, key=lambda f: f.path), desc='downloading parquet', unit='file'):
+        files.append(Path(hf_hub_download(repo, f.path, repo_type='dataset', revision=revision)))
+    return files, to_fetch, f"{repo}@{revision}"
+
+
+def row_groups(files):
+    """One work unit per parquet row group: (file, row group, index of its first document, documents, text bytes)."""
+    import pyarrow.parquet as pq
+    units, first = [], 0
+    for path in files:
+        meta = pq.ParquetFile(path).metadata
+        names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+        if 'text' not in names:
+            raise UserError(f"{path}: no 'text' column (columns: {', '.join(names)})")
+        column = names.index('text')
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            units.append((str(path), g, first, group.num_rows, group.column(column).total_uncompressed_size))
+            first += group.num_rows
+    return units, first
+
+
+def disk_plan(units, to_fetch, out, workers):
+    """Bytes the output folder will hold at its peak (the two .bin files, estimated from the text's size, plus the
+    shards in flight), what the download adds, and what is free: printed before the work starts."""
+    text_bytes = sum(u[4] for u in units)
+    largest = max(u[4] for u in units)
+    output = int(2 * text_bytes / BYTES_PER_TOKEN_PLAN)
+    in_flight = int(2 * largest / BYTES_PER_TOKEN_PLAN) * 2 * (workers + 1)  # finished shards wait their turn
+    return dict(text_bytes=text_bytes, output=output, peak=output + in_flight, download=to_fetch,
+                free=shutil.disk_usage(out).free)
+
+
+def size(n_bytes):
+    return f"{n_bytes / 1e9:.2f} GB" if n_bytes >= 1e9 else f"{n_bytes / 1e6:.1f} MB"
+
+
+def tokenize_row_group(unit, val_documents, scratch):
+    """Worker: one row group → scratch/NNNNN.train, NNNNN.val (uint16 ids, an end-of-text token after each document).
+    Returns the two token counts."""
+    import pyarrow.parquet as pq
+    path, group, first, n, _ = unit
+    texts = pq.ParquetFile(path).read_row_group(group, columns=['text']).column('text').to_pylist()
+    enc = gpt2_encoding()
+    is_val = np.isin(np.arange(first, first + n), val_documents)
+    counts = []
+    for split, keep in (('train', ~is_val), ('val', is_val)):
+        ids = [np.array(enc.encode_ordinary(text or '') + [GPT2_EOT], dtype=np.uint16)
+               for text, k in zip(texts, keep) if k]
+        ids = np.concatenate(ids) if ids else np.zeros(0, np.uint16)
+        (scratch / f'{first:012d}.{split}').write_bytes(ids.tobytes())
+        counts.append(len(ids))
+    return counts
+
+
+def _tokenize_unit(job):  # Pool.imap sends one picklable argument
+    return tokenize_row_group(*job)
 
 
 def prepare_openwebtext(out, args):
-    dataset, source = load_openwebtext(args.input, args.num_proc)
-    split = dataset.train_test_split(test_size=0.0005, seed=2357, shuffle=True)  # nanoGPT's split
-    split['val'] = split.pop('test')
-    enc = gpt2_encoding()
-
-    def tokenize(batch):
-        ids = [enc.encode_ordinary(text) + [GPT2_EOT] for text in batch['text']]
-        return {'ids': ids, 'len': [len(x) for x in ids]}
-
-    counts = {}
-    for name, part in split.items():
-        tokenized = part.map(tokenize, batched=True, remove_columns=part.column_names, num_proc=args.num_proc,
-                             desc=f"tokenizing {name}")
-        total = int(np.sum(tokenized['len'], dtype=np.uint64))
-        counts[name] = total
-        tokens = np.memmap(out / f'{name}.bin', dtype=np.uint16, mode='w+', shape=(total,))
-        # stream shard by shard: memory stays at one shard, never the corpus
-        n_shards, position = min(1024, len(tokenized)), 0
-        for i in tqdm(range(n_shards), desc=f"writing {name}.bin"):
-            shard = tokenized.shard(num_shards=n_shards, index=i, contiguous=True).with_format('numpy')
-            ids = np.concatenate(list(shard['ids'])) if len(shard) else np.zeros(0, np.uint16)
-            tokens[position:position + len(ids)] = ids
-            position += len(ids)
-        tokens.flush()
-        del tokens
+    """OpenWebText through GPT-2's BPE, parquet row group by row group in parallel. Documents keep their order; 0.05 %
+    of them, drawn with nanoGPT's seed, validate (nanoGPT's split draws another 0.05 % and shuffles the rest, which
+    random batches make no different for training)."""
+    import multiprocessing
+    files, to_fetch, source = openwebtext_files(args.input)
+    units, n_documents = row_groups(files)
+    if not args.input and n_documents != OPENWEBTEXT_DOCUMENTS:
+        raise UserError(f"{source} has {n_documents:,} documents, expected {OPENWEBTEXT_DOCUMENTS:,} (a partial "
+                        f"export?); pass complete parquet files with --input DIR")
+    enc = gpt2_encoding()  # here too: a missing tokenizer is one line before any work
+    plan = disk_plan(units, to_fetch, out, max(1, args.num_proc))
+    print(f"source: {'local parquet files under ' + str(args.input) if args.input else source} ({n_documents:,} "
+          f"documents, {len(files)} files, {len(units)} row groups, {size(plan['text_bytes'])} of text)")
+    print(f"disk: {out.parent} needs about {size(plan['peak'])} at the peak (train.bin + val.bin "
+          f"~{size(plan['output'])}, and the shards in flight); "
+          + (f"the download took {size(plan['download'])} in the Hugging Face cache; " if plan['download'] else '')
+          + f"{size(plan['free'])} free")
+    if plan['peak'] > plan['free']:
+        raise UserError(f"{out.parent} has {size(plan['free'])} free, and the prepared corpus needs about "
+                        f"{size(plan['peak'])}: free some space or choose --data_root on a larger disk")
+    rng = np.random.default_rng(SPLIT_SEED)
+    val_documents = np.sort(rng.choice(n_documents, size=math.ceil(VAL_FRACTION * n_documents), replace=False))
+    scratch = out / 'shards'
+    scratch.mkdir()
+    counts, peak = dict(train=0, val=0), 0
+    jobs = [(unit, val_documents[(val_documents >= unit[2]) & (val_documents < unit[2] + unit[3])], scratch)
+            for unit in units]
+    context = multiprocessing.get_context('spawn')  # no forked copies of a parent's threads (torch, tokenizers)
+    with context.Pool(max(1, args.num_proc)) as pool, open(out / 'train.bin', 'ab') as train, \
+            open(out / 'val.bin', 'ab') as val:
+        for unit, (n_train, n_val) in zip(units, tqdm(pool.imap(_tokenize_unit, jobs), total=len(jobs),
+                                                     desc='tokenizing', unit='row group')):
+            shards = [(f, scratch / f'{unit[2]:012d}.{split}') for split, f in (('train', train), ('val', val))]
+            for f, shard in shards:
+                f.write(shard.read_bytes())
+                f.flush()
+            # the peak comes here, just before this unit's shards go: the .bin files and every shard on disk
+            peak = max(peak, sum(p.stat().st_size for p in out.rglob('*') if p.is_file()))
+            for _, shard in shards:
+                shard.unlink()
+            counts['train'] += n_train
+            counts['val'] += n_val
+    scratch.rmdir()
+    print(f"peak disk used in {out}: {size(peak)} (planned {size(plan['peak'])})")
     write_meta(out, tokenizer='gpt2', vocab_size=enc.n_vocab, eot_token=GPT2_EOT, train_tokens=counts['train'],
-               val_tokens=counts['val'], documents=len(dataset), source=source, dtype='uint16')
+               val_tokens=counts['val'], documents=n_documents, source=source, dtype='uint16', peak_disk_bytes=peak)
 
 
 # ---------------------------------------------------------------------------------------------- main

@@ -2,6 +2,7 @@
 
 import json
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -90,6 +91,49 @@ def test_openwebtext_pipeline_on_local_parquet(tmp_path):
     text = enc.decode(val.tolist())
     assert all(piece[len('Document number '):].split(':')[0].isdigit()
                for piece in text.split('<|endoftext|>')[:-1])
+
+
+@needs_tokenizer
+def test_openwebtext_states_its_peak_disk_first_and_stays_within_it(tmp_path, monkeypatch, capsys):
+    """Several parquet files of several row groups, two workers: the plan is printed before the work, the output
+    folder's measured peak (the .bin files and the shards on disk together) stays under it, the shards are gone, and
+    the token files are exactly the documents' ids in order."""
+    pa = pytest.importorskip('pyarrow')
+    import pyarrow.parquet as pq
+    import tiktoken
+    docs = [f"Document {i}. " + synthetic_text(20, seed=i) for i in range(300)]
+    (tmp_path / 'owt').mkdir()
+    for k in range(3):
+        pq.write_table(pa.table({'text': docs[k * 100:(k + 1) * 100]}), tmp_path / 'owt' / f'{k}.parquet',
+                       row_group_size=25)
+    monkeypatch.setattr(sys, 'argv', ['prepare.py', 'openwebtext', '--input', str(tmp_path / 'owt'), '--num_proc',
+                                      '2', '--data_root', str(tmp_path / 'data')])
+    prepare.main()
+    out = capsys.readouterr().out
+    assert out.index('disk: ') < out.index('peak disk used')
+    planned = float(out.split('needs about ')[1].split(' MB')[0]) * 1e6
+    meta, train, val = read_prepared(tmp_path / 'data' / 'openwebtext')
+    assert 0 < meta['peak_disk_bytes'] <= planned
+    assert meta['peak_disk_bytes'] >= (len(train) + len(val)) * 2  # the final files were on disk at the end
+    assert sorted(p.name for p in (tmp_path / 'data' / 'openwebtext').iterdir()) == ['meta.json', 'train.bin', 'val.bin']
+    enc = tiktoken.get_encoding('gpt2')
+    ids = [enc.encode_ordinary(d) + [50256] for d in docs]
+    val_docs = [i for i, d in enumerate(docs) if enc.encode_ordinary(d)[:3] == val.tolist()[:3]]
+    assert len(val_docs) == 1 and val.tolist() == ids[val_docs[0]]  # ceil(0.0005 × 300) = 1 document validates
+    assert train.tolist() == [t for i, doc in enumerate(ids) if i != val_docs[0] for t in doc]
+
+
+@needs_tokenizer
+def test_openwebtext_refuses_a_disk_too_small_in_one_line(tmp_path, monkeypatch):
+    pa = pytest.importorskip('pyarrow')
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({'text': [synthetic_text(50, seed=i) for i in range(20)]}), tmp_path / 'owt.parquet')
+    monkeypatch.setattr(prepare.shutil, 'disk_usage', lambda path: SimpleNamespace(free=10_000))
+    monkeypatch.setattr(sys, 'argv', ['prepare.py', 'openwebtext', '--input', str(tmp_path / 'owt.parquet'),
+                                      '--data_root', str(tmp_path / 'data')])
+    with pytest.raises(prepare.UserError, match=r'has 0.0 MB free, and the prepared corpus needs about'):
+        prepare.main()
+    assert not (tmp_path / 'data' / 'openwebtext').exists()
 
 
 def test_an_interrupted_prepare_leaves_no_complete_looking_output(tmp_path, monkeypatch):
