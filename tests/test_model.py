@@ -147,6 +147,20 @@ def test_init_spread_draws_gamma_around_gamma_init():
     assert (delta == 1.0).all()
 
 
+def test_init_spread_draws_are_centred_on_gamma_init_and_uniform():
+    """γ0 of each head is uniform on gamma_init ± init_spread: over 20,000 heads the mean is gamma_init within 4
+    standard errors (spread / √3 / √n) and the draws pass a Kolmogorov–Smirnov test against that uniform law."""
+    from scipy import stats
+    from model import OperatorCoefficients
+    n, centre, spread = 20_000, -0.5, 0.25
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=8, vocab_size=8, n_layer=1, n_head=n, n_embd=n, operator='corridor',
+                       gamma_init=centre, init_spread=spread)
+    gamma = OperatorCoefficients(config).gamma.detach().double()
+    assert abs(gamma.mean().item() - centre) < 4 * spread / math.sqrt(3) / math.sqrt(n)
+    assert stats.kstest(gamma.numpy(), stats.uniform(loc=centre - spread, scale=2 * spread).cdf).pvalue > 1e-3
+
+
 # ----------------------------------------------------------------------------------------- both paths
 
 @pytest.mark.parametrize('operator', FORMS)
@@ -389,6 +403,31 @@ def test_weight_decay_never_reaches_the_operator_scalars(operator):
     torch.testing.assert_close(model.transformer.h[0].mlp.c_fc.weight.detach(), weight_before * (1 - 0.1 * 0.5))
 
 
+def test_weight_decay_reaches_exactly_the_matrices_and_every_parameter_is_in_one_group():
+    """AdamW's groups: every trainable parameter exactly once; decay on the 2-D weights (embeddings, Linear
+    matrices) and on nothing else: LayerNorm gains, biases and the operator scalars get none. Checked by name and by
+    a step with zero gradients, where only decoupled weight decay moves anything."""
+    model = build(operator='corridor', gamma_init=-0.5)
+    lr, wd = 0.1, 0.5
+    optimizer = model.configure_optimizers(weight_decay=wd, learning_rate=lr, betas=(0.9, 0.95), device_type='cpu')
+    grouped = [id(p) for g in optimizer.param_groups for p in g['params']]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters()) and len(set(grouped)) == len(grouped)
+    decay = {id(p): g['weight_decay'] for g in optimizer.param_groups for p in g['params']}
+    names = dict(model.named_parameters())
+    matrices = [n for n in names if n.endswith('.weight') and '.ln_' not in n and not n.startswith('transformer.ln_f')]
+    assert set(matrices) == {n for n, p in names.items() if p.dim() == 2}  # wte (tied to lm_head), wpe, Linears
+    assert any('.ln_1.' in n for n in names) and any(n.endswith('.bias') for n in names)
+    for name, p in names.items():
+        assert decay[id(p)] == (wd if name in matrices else 0.0), name
+    before = {n: p.detach().clone() for n, p in names.items()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for name, p in names.items():
+        expected = before[name] * (1 - lr * wd) if name in matrices else before[name]
+        torch.testing.assert_close(p.detach(), expected, atol=0, rtol=1e-7, msg=name)
+
+
 def test_operator_lr_mult_scales_the_scalars_step():
     steps = []
     for mult in (1.0, 3.0):
@@ -443,6 +482,8 @@ def test_compiled_model_equals_eager_on_cpu():
 
 @pytest.mark.parametrize('operator', FORMS)
 def test_kv_cached_generation_equals_recomputing_every_position(operator):
+    # float32 on the CPU: the logits agree to ~1e-6 (the test below states the tolerance per dtype), far inside
+    # the gaps between this model's top logits, so the sampled tokens are equal exactly
     model = train_steps(build(operator=operator, init_spread=0.3 if operator in LEARNABLE else 0.0)).eval()
     prompt = tokens(B=2, T=5)
     # 20 new tokens run past block_size=16, so the cropped-context rebuild is covered too
@@ -452,6 +493,37 @@ def test_kv_cached_generation_equals_recomputing_every_position(operator):
     g1, g2 = (torch.Generator().manual_seed(7) for _ in range(2))
     assert torch.equal(model.generate(prompt, 12, temperature=1.0, top_k=10, generator=g1, use_cache=True),
                        model.generate(prompt, 12, temperature=1.0, top_k=10, generator=g2, use_cache=False))
+
+
+# Cached and recomputed logits are the same sums in another order (one new query against cached keys, versus
+# every query at once), so they agree to the dtype's rounding, not bit for bit: on a GPU, SDPA picks other kernels
+# for T = 1 than for the whole sequence, and bf16 / fp16 round every product to 8 / 11 bits of mantissa. Float64
+# and float32 are held tight; bf16 and fp16 to a few of their own steps (eps 7.8e-3 and 9.8e-4) on O(1) logits.
+KV_CACHE_TOLERANCE = {torch.float64: dict(atol=1e-12, rtol=1e-12), torch.float32: dict(atol=1e-5, rtol=1e-5),
+                      torch.bfloat16: dict(atol=6e-2, rtol=3e-2), torch.float16: dict(atol=1e-2, rtol=5e-3)}
+
+
+@pytest.mark.parametrize('dtype', list(KV_CACHE_TOLERANCE), ids=str)
+@pytest.mark.parametrize('operator', ['attention', 'corridor'])
+def test_kv_cached_logits_equal_recomputed_logits_within_the_dtypes_tolerance(operator, dtype):
+    """Feeding tokens one at a time through the KV cache gives, at every position, the logits of recomputing the
+    whole prefix, within KV_CACHE_TOLERANCE[dtype] (on the GPU too, where it runs when there is one)."""
+    from model import KVCache
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    model = train_steps(build(operator=operator, init_spread=0.3 if operator in LEARNABLE else 0.0)).eval()
+    model = model.to(device=device, dtype=dtype)
+    idx = tokens(B=2, T=12).to(device)
+    cache = KVCache(model.config.n_layer)
+    with torch.no_grad():
+        x, _ = model._trunk(idx[:, :4], cache=cache)
+        cached = [model._logits(x[:, -1])]
+        for t in range(4, 12):
+            x, _ = model._trunk(idx[:, t:t + 1], cache=cache)
+            cached.append(model._logits(x[:, -1]))
+        recomputed = [model(idx[:, :t])[0][:, -1] for t in range(4, 13)]
+    assert len(cache) == 12
+    for a, b in zip(cached, recomputed):
+        torch.testing.assert_close(a.double(), b.double(), **KV_CACHE_TOLERANCE[dtype])
 
 
 def test_top_k_1_is_greedy():

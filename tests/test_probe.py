@@ -53,3 +53,48 @@ def test_probe_bad_input_is_one_line(trained_run, tiny_data_root, tmp_path):
     result = run_script('probe.py', trained_run, '--dataset=tiny', f'--data_root={tiny_data_root}', '--seq_len=999',
                         cwd=tmp_path)
     assert_one_line_error(result, "exceeds the model's 32 positions")
+
+
+def test_the_probe_standard_error_is_the_spread_of_per_sequence_gradients_over_root_n(trained_run, tiny_data_root,
+                                                                                      tmp_path):
+    """probe.json's mean and SE against the per-sequence gradients recomputed here: the sample standard deviation
+    (n − 1) over the sequences, by hand, over √n; t = mean / SE."""
+    import math
+    import statistics
+    n = 6
+    result = run_script('probe.py', trained_run, '--dataset=tiny', f'--data_root={tiny_data_root}', f'--n_seqs={n}',
+                        '--seq_len=24', '--seed=3', f'--out={tmp_path / "p"}', '--device=cpu', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads((tmp_path / 'p' / 'probe.json').read_text())
+    model, _ = load_model(str(trained_run))
+    _, windows = sequences(str(tiny_data_root), 'tiny', 'val', n_seqs=n, seq_len=24, seed=3)
+    grads, _ = probe(model, corridor_at_the_model(model), windows, 'cpu')
+    for layer in range(2):
+        for head in range(2):
+            per_sequence = [grads[s, layer, head].item() for s in range(n)]
+            assert len(set(per_sequence)) == n  # the sequences differ, so the spread means something
+            mean, se = statistics.fmean(per_sequence), statistics.stdev(per_sequence) / math.sqrt(n)
+            assert saved['grad_mean'][layer][head] == pytest.approx(mean, rel=1e-5, abs=1e-9)
+            assert saved['grad_se'][layer][head] == pytest.approx(se, rel=1e-5)
+            assert saved['t'][layer][head] == pytest.approx(mean / se, rel=1e-4)
+
+
+def test_compare_correlates_the_push_minus_dL_dgamma_with_the_learned_gamma(monkeypatch):
+    """--compare against hand computations: Pearson and Spearman of −∂L/∂γ with the learned γ (a run whose heads
+    went where the gradient pushed gives r > 0), and the share of |t| > 2 heads whose γ moved the way −∂L/∂γ points."""
+    import statistics
+    from scipy import stats
+    import probe as probe_module
+    mean = torch.tensor([[0.5, -0.2, 0.1], [-0.4, 0.3, 0.05]], dtype=torch.float64)
+    t = torch.tensor([[3.0, -2.5, 1.0], [-4.0, 2.2, 0.5]], dtype=torch.float64)
+    learned = torch.tensor([[-0.3, 0.1, -0.2], [0.25, 0.02, 0.01]])  # (1, 1): clear, but moved against its push
+    monkeypatch.setattr(probe_module, 'load_run', lambda run: dict(gamma=learned))
+    lines, result = probe_module.compare(mean, t, 'RUN')
+    push, moved = (-mean).flatten().tolist(), learned.double().flatten().tolist()
+    assert result['pearson'] == pytest.approx(statistics.correlation(push, moved), rel=1e-6)
+    assert result['spearman'] == pytest.approx(stats.spearmanr(push, moved).statistic, rel=1e-6)
+    assert result['pearson'] > 0.5 and result['spearman'] > 0.5
+    clear = [i for i, v in enumerate(t.flatten().tolist()) if abs(v) > 2]
+    assert result['clear_heads'] == len(clear) == 4
+    assert result['agree'] == pytest.approx(sum((push[i] > 0) == (moved[i] > 0) for i in clear) / len(clear)) == 0.75
+    assert f"Pearson r(−∂L/∂γ, γ) = {result['pearson']:+.2f}" in '\n'.join(lines)

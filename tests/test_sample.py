@@ -54,3 +54,24 @@ def test_bad_input_is_one_line(trained_run, tmp_path):
     empty = tmp_path / 'empty'
     empty.mkdir()
     assert_one_line_error(sample(f'--out_dir={empty}'), 'no checkpoint at')
+
+
+def test_the_samples_of_one_call_differ_and_continue_one_random_stream(trained_run, tmp_path):
+    """num_samples draws from one seeded generator, one after another: the samples differ from each other, and
+    are what model.generate gives called that many times in a row with that generator (float32 on the CPU, as the
+    script runs here)."""
+    import torch
+    from common import load_model, tokenizer_from_meta
+    n, new = 4, 30
+    out = samples(run_script('sample.py', f'--out_dir={trained_run}', '--start=the cat', f'--num_samples={n}',
+                             f'--max_new_tokens={new}', '--temperature=1.0', '--top_k=None', '--seed=3',
+                             '--device=cpu', cwd=tmp_path))
+    assert len(out) == n and len(set(out)) == n
+    model, meta = load_model(str(trained_run))
+    encode, decode = tokenizer_from_meta(meta)
+    generator = torch.Generator().manual_seed(3)
+    prompt = torch.tensor(encode('the cat'))[None]
+    with torch.no_grad():
+        expected = [decode(model.eval().generate(prompt, new, temperature=1.0, top_k=None,
+                                                 generator=generator)[0].tolist()) for _ in range(n)]
+    assert out == expected

@@ -902,3 +902,103 @@ def test_uint32_token_files_train_exactly_as_uint16_ones(tiny_data_root, tmp_pat
     result = train(wide, tmp_path / 'wide', *args)
     assert result.returncode == 0, result.stderr[-2000:]
     assert read_log(tmp_path / 'narrow') == read_log(tmp_path / 'wide')
+
+
+# ---------------------------------------------------------------------------------------------- batches, accumulation
+
+def tiny_data(data_root, **overrides):
+    """train.Data on the tiny dataset, as train.py builds it."""
+    from types import SimpleNamespace
+    from train import Data
+    cfg = SimpleNamespace(**{**dict(data_root=str(data_root), dataset='tiny', block_size=32, batch_size=8), **overrides})
+    return Data(cfg, 'cpu'), cfg
+
+
+def test_batch_targets_are_the_inputs_shifted_by_one_token(tiny_data_root):
+    """y is x one position on, read from the token file by hand: y[:, :-1] = x[:, 1:] and y[:, -1] is the token
+    just after the window; every offset leaves room for that token."""
+    import numpy as np
+    data, cfg = tiny_data(tiny_data_root)
+    tokens = np.fromfile(tiny_data_root / 'tiny' / 'train.bin', dtype=np.uint16).astype(np.int64)
+    offsets = data.offsets('train', 500, torch.Generator().manual_seed(0))
+    assert offsets.shape == (500, 8)
+    assert offsets.min() >= 0 and offsets.max() + cfg.block_size + 1 <= len(tokens)
+    x, y = data.batch('train', offsets[3])
+    assert x.shape == y.shape == (8, 32) and x.dtype == y.dtype == torch.int64
+    for row, start in enumerate(offsets[3].tolist()):
+        assert x[row].tolist() == tokens[start:start + 32].tolist()
+        assert y[row].tolist() == tokens[start + 1:start + 33].tolist()
+    assert torch.equal(y[:, :-1], x[:, 1:])
+    assert y[:, -1].tolist() == [tokens[start + 32] for start in offsets[3].tolist()]
+
+
+def record_steps(capsys, data_root, out, *args):
+    """Train in this process; returns (the gradient of every parameter at each optimizer step, in float64, the
+    training batches drawn (offsets), the window losses the log lines print)."""
+    import train as train_module
+    batch, step, estimate_loss = train_module.Data.batch, torch.amp.GradScaler.step, train_module.estimate_loss
+    grads, batches, evaluating = [], [], []
+
+    def recording_step(self, optimizer, *a, **kw):
+        grads.append([p.grad.double().clone() for g in optimizer.param_groups for p in g['params']])
+        return step(self, optimizer, *a, **kw)
+    with pytest.MonkeyPatch.context() as m:  # undone before the next run records its own
+        m.setattr(train_module, 'estimate_loss', lambda *a: (evaluating.append(1), estimate_loss(*a),
+                                                             evaluating.pop())[1])
+        m.setattr(train_module.Data, 'batch', lambda self, split, offsets: (
+            None if evaluating else batches.append(offsets.tolist()), batch(self, split, offsets))[1])
+        m.setattr(torch.amp.GradScaler, 'step', recording_step)
+        capsys.readouterr()
+        train_in_process(m, data_root, out, *args)
+    printed = [float(line.split('loss ')[1].split(',')[0]) for line in capsys.readouterr().out.splitlines()
+               if line.startswith('iter ') and ': loss ' in line]
+    return grads, batches, printed
+
+
+def test_gradient_accumulation_averages_micro_batches(tiny_data_root, tmp_path, capsys):
+    """4 micro-batches of 8 sequences give the gradient (and the logged loss) of one batch of the same 32
+    sequences: the mean loss over them, not the sum. Clipping off, so nothing rescales the gradient."""
+    common = ['--operator=corridor', '--max_iters=2', '--eval_interval=100', '--eval_iters=1', '--lr_decay_iters=10',
+              '--grad_clip=0.0', '--log_interval=1']
+    accumulated = record_steps(capsys, tiny_data_root, tmp_path / 'gas4', *common,
+                               '--gradient_accumulation_steps=4', '--batch_size=8')
+    whole = record_steps(capsys, tiny_data_root, tmp_path / 'gas1', *common,
+                         '--gradient_accumulation_steps=1', '--batch_size=32')
+    (grads_4, batches_4, printed_4), (grads_1, batches_1, printed_1) = accumulated, whole
+    # the reference is an equivalent run: the same 32 sequences per step, in one batch
+    assert len(batches_4) == 8 and len(batches_1) == 2
+    assert [sum(batches_4[4 * s:4 * s + 4], []) for s in range(2)] == batches_1
+    assert len(grads_4) == len(grads_1) == 2
+    for step_4, step_1 in zip(grads_4, grads_1):
+        assert len(step_4) == len(step_1)
+        for g4, g1 in zip(step_4, step_1):
+            torch.testing.assert_close(g4, g1, rtol=1e-4, atol=1e-7)
+    assert len(printed_4) == len(printed_1) == 2
+    assert printed_4 == pytest.approx(printed_1, abs=2e-4)  # printed with 4 decimals
+
+
+def test_estimate_loss_is_the_mean_loss_over_fixed_eval_batches_in_eval_mode(tiny_data_root, monkeypatch):
+    """Each split's loss is the mean of the model's losses, in eval mode (dropout off), over eval_iters batches
+    of that split that are the same at every evaluation; the model goes back to training mode."""
+    from contextlib import nullcontext
+    import train as train_module
+    from model import GPT
+    data, cfg = tiny_data(tiny_data_root, eval_iters=3, seed=5)
+    torch.manual_seed(0)
+    model = GPT(model_config({**DEFAULTS, 'n_layer': 1, 'n_head': 2, 'n_embd': 16, 'block_size': 32,
+                              'dropout': 0.5, 'vocab_size': data.meta['vocab_size']}))
+    seen = []
+    batch = train_module.Data.batch
+    monkeypatch.setattr(train_module.Data, 'batch', lambda self, split, offsets: (seen.append((split, offsets.clone())),
+                                                                                  batch(self, split, offsets))[1])
+    first = train_module.estimate_loss(model, data, cfg, nullcontext(), 0, 1)
+    assert model.training
+    batches, seen[:] = list(seen), []
+    assert train_module.estimate_loss(model, data, cfg, nullcontext(), 0, 1) == first
+    assert [s for s, _ in batches] == ['train'] * 3 + ['val'] * 3
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(batches, seen))  # the same batches at every evaluation
+    model.eval()
+    with torch.no_grad():
+        for split in ('train', 'val'):
+            losses = [model(*batch(data, split, offsets))[1].item() for s, offsets in batches if s == split]
+            assert first[split] == pytest.approx(sum(losses) / 3, rel=1e-6)

@@ -229,6 +229,45 @@ def test_per_edge_gram_on_a_column_subset_is_its_principal_submatrix():
         assert off[e].item() == pytest.approx(((sub.abs().sum() - sub.diagonal().abs().sum()) / 20).item(), rel=1e-12)
 
 
+def test_per_edge_gram_sample_follows_its_seed_and_leaves_the_global_rng_alone():
+    """gram_edges < all edges: the sampled edges come from `seed` alone. With one edge sampled, its per-layer reading
+    is one edge's naive value (every edge's G built by hand), which names the edge: the same seed picks the same edge
+    whatever the global RNG holds, other seeds pick others, and the global RNG state is left as it was."""
+    model = tiny_model(n_layer=2, n_head=2, n_embd=8)
+    idx = torch.randint(0, 30, (3, 6), generator=torch.Generator().manual_seed(4))
+    N, T = idx.shape
+    edges = [(i, j) for i in range(T) for j in range(i + 1)]  # flat index: sequence · E + edge, in walk_edges' order
+    with torch.no_grad():
+        probs = model.attention_probs(idx)
+    naive = []  # per (sequence, edge): every layer's (mean |diagonal|, mean |off-diagonal|) of G
+    for n in range(N):
+        for i, j in edges:
+            values = []
+            for p, block in zip(probs, model.transformer.h):
+                W_V, W_O = head_weights(block.attn)
+                w = p[n, :, i, j] / p[n, :, i, j].abs().sum()
+                O = sum(w[h] * W_V[h] @ W_O[h] for h in range(len(w)))
+                G = O.T @ O
+                d = G.shape[0]
+                values += [G.diagonal().abs().mean().item(), ((G.abs().sum() - G.diagonal().abs().sum()) / (d * d - d)).item()]
+            naive.append(values)
+
+    def picked_edge(seed, global_seed):
+        torch.manual_seed(global_seed)
+        state = torch.get_rng_state()
+        out = connection_diagnostics(model, idx, gram_edges=1, seed=seed)
+        assert torch.equal(torch.get_rng_state(), state)  # the caller's random stream is untouched
+        got = [v for pair in zip(out['gram_edge_diag_mean'], out['gram_edge_offdiag_mean']) for v in pair]
+        matches = [e for e, values in enumerate(naive) if values == pytest.approx(got, rel=1e-9)]
+        assert len(matches) == 1 and out['gram_edges'] == 1
+        return matches[0]
+    chosen = [picked_edge(seed, global_seed=100 + seed) for seed in range(6)]
+    assert [picked_edge(seed, global_seed=7) for seed in range(6)] == chosen
+    assert len(set(chosen)) >= 3  # 6 seeds over 63 edges: other seeds, other edges
+    ten = [connection_diagnostics(model, idx, gram_edges=10, seed=s) for s in (0, 0, 1)]
+    assert ten[0]['gram_edge_offdiag_mean'] == ten[1]['gram_edge_offdiag_mean'] != ten[2]['gram_edge_offdiag_mean']
+
+
 def test_depth_regimes_split_layers_20_60_20_symmetrically():
     assert depth_regimes(list(range(10))) == dict(initial=0.5, middle=4.5, final=8.5)
     assert depth_regimes(list(range(12))) == dict(initial=1.0, middle=5.5, final=10.0)  # 0–2, 3–8, 9–11
