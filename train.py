@@ -266,6 +266,9 @@ def prepare_if_missing(cfg):
     result = subprocess.run([sys.executable, script, *command[1:]], stderr=subprocess.PIPE, text=True)
     if result.returncode:
         reason = (result.stderr.strip().splitlines() or ['no message'])[-1].removeprefix('error: ')
+        reason = reason.replace('pass a local copy with --input PATH',  # train.py takes no --input: prepare.py does
+                                f"prepare it from a local copy: python prepare.py {cfg.dataset} --input PATH "
+                                f"--data_root={cfg.data_root}")
         raise UserError(f"preparing {folder} failed: {reason}")
 
 
@@ -395,6 +398,15 @@ def corridor_summary(coefficients):
     return in_corridor(gamma).float().mean().item(), gamma.mean().item(), delta.mean().item()
 
 
+def operator_summary(model):
+    """The operator for the log line: 'attention' for plain attention (no scalars to report), otherwise the form
+    with its heads' corridor occupancy and mean γ, δ."""
+    if model.config.operator == 'attention':
+        return 'attention'
+    occupancy, gamma_mean, delta_mean = corridor_summary(model.operator_coefficients())
+    return f"{model.config.operator}: {occupancy:.0%} of heads in the corridor, γ̄ {gamma_mean:+.3f} δ̄ {delta_mean:.3f}"
+
+
 def walk_geometry(model, idx):
     """Per-layer connection-walk diagnostics (connection.py) for log.jsonl: of the attention part, and for the operator
     family also of the full operator c_I·I + c_P·P. Never on the training path: the math path, in eval mode, on
@@ -504,14 +516,14 @@ class StopRequest:
     signal; the loop decides when to stop, so that under DDP every process stops at the same iteration."""
 
     def __init__(self, master):
-        self.seen, self.master = False, master
+        self.seen, self.master, self.signum = False, master, None
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
 
     def handle(self, signum, frame):
         if self.seen:
             raise KeyboardInterrupt
-        self.seen = True
+        self.seen, self.signum = True, signum
         if self.master:
             tqdm.write("stopping after this iteration and saving a checkpoint (again to abort now)")
 
@@ -539,8 +551,11 @@ def wandb_metrics(entry, occupancy):
 # ------------------------------------------------------------------------------------------------------------
 
 def main(argv):
+    """Exit status 0 when the run finished, 128 + the signal's number when Ctrl-C / SIGTERM stopped it."""
     with ExitStack() as held:  # the run folder's lock and the one-line fault reports: however the run ends
-        train(argv, held)
+        status = train(argv, held)
+    if status:
+        sys.exit(status)
 
 
 def train(argv, held):
@@ -641,9 +656,9 @@ def train(argv, held):
             if master:
                 coefficients = raw_model.operator_coefficients()
                 gamma, delta = gamma_delta(coefficients)
-                occupancy, gamma_mean, delta_mean = corridor_summary(coefficients)
+                occupancy = corridor_summary(coefficients)[0]
                 tqdm.write(f"eval {iter_num}: train {losses['train']:.4f}, val {losses['val']:.4f} (best "
-                           f"{progress['best_val_loss']:.4f}), corridor {occupancy:.0%} γ̄ {gamma_mean:+.3f} δ̄ {delta_mean:.3f}")
+                           f"{progress['best_val_loss']:.4f}), {operator_summary(raw_model)}")
                 entry = dict(iter=iter_num, tokens=progress['tokens_seen'], train_loss=losses['train'],
                              val_loss=losses['val'], best_val_loss=progress['best_val_loss'], lr=lr,
                              gamma=gamma.tolist(), delta=delta.tolist(), c_I=coefficients[..., 0].tolist(),
@@ -666,7 +681,8 @@ def train(argv, held):
             if master:
                 save_checkpoint(checkpoint_state(raw_model, optimizer, scaler, cfg, data.meta, progress, data_rng,
                                                  device), ckpt_path)
-                tqdm.write(f"stopped at iter {iter_num}; continue with --init_from=resume --out_dir={cfg.out_dir}")
+                tqdm.write(f"stopped at iter {iter_num}; {ckpt_path} holds it: continue with `python train.py "
+                           f"--init_from=resume --out_dir={shlex.quote(cfg.out_dir)}`")
             break
 
         # one optimizer step on the global batch, micro_steps micro-batches of it in this process
@@ -715,13 +731,11 @@ def train(argv, held):
                                   f"state (try a lower learning_rate, or bfloat16 instead of float16)")
         if master and at_log_line:
             dt = (time.time() - window['t0']) / window['timed'] if window['timed'] > 0 else None
-            occupancy, gamma_mean, delta_mean = corridor_summary(raw_model.operator_coefficients())
             speed = ''
             if dt:  # MFU per device: each process computes 1/world of the tokens against one device's peak
                 mfu = raw_model.flops_per_token(cfg.block_size) * tokens_per_iter / dt / world / peak if peak else None
                 speed = f", {tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {mfu:.1%}" if mfu else '') + f", {dt * 1000:.0f} ms/iter"
-            tqdm.write(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}{speed}, "
-                       f"corridor {occupancy:.0%} γ̄ {gamma_mean:+.3f} δ̄ {delta_mean:.3f}")
+            tqdm.write(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}{speed}, {operator_summary(raw_model)}")
             if wandb:
                 wandb.log({'train/loss_window': lossf, 'lr': lr}, step=iter_num)
         window.update(loss=torch.zeros((), device=device), iters=0, timed=0, t0=time.time())
@@ -729,6 +743,14 @@ def train(argv, held):
     if wandb:
         wandb.finish()
     leave_processes(ddp)
+    if stop:  # a stopped run is not a finished one: a script or scheduler around it must be able to tell
+        return 128 + (stop_request.signum or signal.SIGTERM)  # another DDP process may have seen the signal
+    if master:
+        saved = ckpt_path if os.path.exists(ckpt_path) else 'no checkpoint (val loss never improved)'
+        print(f"done: {iter_num} iterations, best val loss {progress['best_val_loss']:.4f}; {saved}, log "
+              f"{log_path}. Next: `python sample.py --out_dir={shlex.quote(cfg.out_dir)}` or `python analyze.py "
+              f"{shlex.quote(cfg.out_dir)}`")
+    return 0
 
 
 if __name__ == '__main__':

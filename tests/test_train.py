@@ -81,8 +81,8 @@ def test_ctrl_c_saves_at_an_iteration_boundary_and_resume_matches_the_uninterrup
     time.sleep(0.5)
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 0, stderr[-2000:]
-    assert 'stopped at iter' in stdout
+    assert process.returncode == 128 + signal.SIGINT, stderr[-2000:]  # stopped is not finished
+    assert 'stopped at iter' in stdout and '--init_from=resume' in stdout
     stopped_at = torch.load(stopped / 'ckpt.pt', weights_only=True)['iter_num']
     assert 0 < stopped_at < 1000
     result = run_script('train.py', '--init_from=resume', f'--out_dir={stopped}', cwd=tiny_data_root)
@@ -1002,3 +1002,37 @@ def test_estimate_loss_is_the_mean_loss_over_fixed_eval_batches_in_eval_mode(tin
         for split in ('train', 'val'):
             losses = [model(*batch(data, split, offsets))[1].item() for s, offsets in batches if s == split]
             assert first[split] == pytest.approx(sum(losses) / 3, rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- the newcomer's path
+
+def test_an_attention_run_reads_as_attention_and_ends_naming_its_checkpoint_and_the_next_command(tiny_data_root,
+                                                                                                   tmp_path):
+    out = tmp_path / 'out'
+    result = train(tiny_data_root, out, '--operator=attention', '--max_iters=10', '--eval_interval=10',
+                   '--lr_decay_iters=10')
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    progress = [line for line in lines if line.startswith(('iter ', 'eval '))]
+    assert progress and all(line.endswith(', attention') for line in progress)  # no "corridor 0 % γ̄ +0.000"
+    assert lines[-1].startswith('done: 10 iterations, best val loss ')
+    assert str(out / 'ckpt.pt') in lines[-1] and f'python sample.py --out_dir={out}' in lines[-1]
+    corridor = train(tiny_data_root, tmp_path / 'c', '--operator=corridor', '--gamma_init=-0.5', '--max_iters=2',
+                     '--eval_interval=2', '--decay_lr=False', '--log_interval=1')
+    assert corridor.returncode == 0, corridor.stderr[-2000:]
+    iters = [line for line in corridor.stdout.splitlines() if line.startswith('iter ')]
+    assert iters and all(', corridor: 100% of heads in the corridor, γ̄ -0.' in line for line in iters)
+
+
+def test_prepare_on_demand_offline_names_the_prepare_command_that_takes_a_local_copy(monkeypatch, tmp_path):
+    import train as train_module
+    from common import UserError
+    from types import SimpleNamespace
+    failed = subprocess.CompletedProcess([], 2, '', 'error: could not download https://x/input.txt (no network); '
+                                                    'pass a local copy with --input PATH\n')
+    monkeypatch.setattr(train_module.subprocess, 'run', lambda *a, **k: failed)
+    cfg = SimpleNamespace(dataset='shakespeare_char', data_root=str(tmp_path))
+    with pytest.raises(UserError) as e:
+        train_module.prepare_if_missing(cfg)
+    assert str(e.value).endswith(f"prepare it from a local copy: python prepare.py shakespeare_char --input PATH "
+                                 f"--data_root={tmp_path}")
