@@ -188,7 +188,7 @@ class Study(NamedTuple):
 
 
 # the pretrained study's fixed γ with δ learned: the best γ of the frozen model's curve (PRETRAINED_GAMMAS below)
-PRETRAINED_FIXED_GAMMA = -0.1
+PRETRAINED_FIXED_GAMMA = -0.05
 CLAIMS = ('attention', 'corridor', 'gamma_nonneg', 'fixed_gamma', 'laplacian', 'alpha', 'alpha_beta',
           'corridor_spread')
 FIXED_GAMMAS = (-0.05, -0.1, -0.2, -0.3, -0.5, -0.7, -0.9)
@@ -913,7 +913,8 @@ PRETRAINED_FAMILY = 'every cell of the pretrained study (trained cells paired by
 def pretrained_variant(summary, name):
     """The study's variant spec for a cell's name: fixed_gamma_delta stands for whichever fixed γ the study trains."""
     if name == 'fixed_gamma_delta':
-        return next((v for v in summary if v.split('=')[0] == name), name)
+        return next((v for v in summary if v.split('=')[0] == name),
+                    parse_variant(f'{name}={PRETRAINED_FIXED_GAMMA}')[0])
     return name
 
 
@@ -964,9 +965,6 @@ def pretrained_figures(results, out, tests, study):
             losses = {float(g): v for g, v in saved['losses'].items()}
             if 0.0 in losses:
                 curves.append((setting, saved, frozen_gamma_cells(losses, tests, setting)))
-        if not loaded:
-            continue
-        cells = []
         for claim, a, b in PRETRAINED_CELLS:
             a, b = pretrained_variant(summary, a), pretrained_variant(summary, b)
             if a not in summary or (b != 'frozen' and b not in summary):
@@ -975,8 +973,9 @@ def pretrained_figures(results, out, tests, study):
             differences = [loaded[(a, s)]['log'][-1]['val_loss'] - loaded[(a, s)]['log'][0]['val_loss']
                            for s in summary[a]['seeds']] if b == 'frozen' else paired_differences(loaded, a, b)
             cell = tests.add(PRETRAINED_FAMILY, f'{setting}: {a} − {b}', differences)
-            cells.append((f'{a} − {b}', differences, cell))
             lines.append(f"| {setting} | {claim} | {a} − {b} | {len(differences)} | {cell} |")
+        if not loaded:
+            continue
         fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
         extremes = [0.0]
         for (variant, seed), run in sorted(loaded.items()):
@@ -1012,12 +1011,12 @@ def pretrained_figures(results, out, tests, study):
         name = f"pretrained_{setting.replace('/', '_')}.png"
         save(fig, os.path.join(out, name))
         images += [f'![γ by layer, {setting}]({name})', '']
-        plot_pretrained_cells(setting, cells, next((c for c in curves if c[0] == setting), None),
+        plot_pretrained_cells(setting, loaded, next((c for c in curves if c[0] == setting), None),
                               os.path.join(out, f"pretrained_claims_{setting.replace('/', '_')}.png"))
         images += [f"![the cells and the frozen fixed-γ curve, {setting}](pretrained_claims_{setting.replace('/', '_')}.png)", '']
     for setting, saved, frozen in curves:
         if setting not in results:  # no trained run yet: the curve alone
-            plot_pretrained_cells(setting, [], (setting, saved, frozen),
+            plot_pretrained_cells(setting, {}, (setting, saved, frozen),
                                   os.path.join(out, f"pretrained_claims_{setting.replace('/', '_')}.png"))
             images += [f"![the frozen fixed-γ curve, {setting}](pretrained_claims_{setting.replace('/', '_')}.png)", '']
     frozen_lines = []
@@ -1040,20 +1039,29 @@ def pretrained_figures(results, out, tests, study):
     return lines + [''] + frozen_lines + rows + [''] + images
 
 
-def plot_pretrained_cells(setting, cells, curve, path):
-    """Left: every trained cell, mean and 95 % CI over seeds; right: the frozen model's val loss at fixed γ, δ = 1,
-    minus γ = 0's, paired by batch (mean, 95 % CI over batches)."""
+def plot_pretrained_cells(setting, loaded, curve, path):
+    """One scale, the frozen model's loss on the same batches subtracted. Left: every variant's final val loss minus
+    its run's iteration-0 loss (the frozen model on that seed's batches), mean and 95 % CI over seeds; right: the
+    frozen model's val loss at fixed γ, δ = 1, minus γ = 0's, paired by batch (mean, 95 % CI over batches)."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw=dict(width_ratios=(1.2, 1)))
+    by_variant = {}
+    for (variant, seed), run in sorted(loaded.items()):
+        by_variant.setdefault(variant, []).append(run['log'][-1]['val_loss'] - run['log'][0]['val_loss'])
+    cells = [(v, d, None) for v, d in by_variant.items()]
     measured = [(label, d) for label, d, _ in cells if d]
     for i, (label, differences) in enumerate(measured):
         axes[0].errorbar([statistics.fmean(differences)], [i], xerr=[ci_half_width(differences)], marker='o',
                          capsize=3, color='C0')
         axes[0].plot(differences, [i] * len(differences), 'x', color='gray', ms=4)
-    axes[0].set_yticks(range(len(measured)), [f'{label} (n = {len(d)})' for label, d in measured], fontsize=8)
-    axes[0].axvline(0, color='black', lw=0.8)
-    axes[0].set_xlabel('Δ final val loss (nats per token)')
-    axes[0].set_title(f'{setting}: trained cells, paired by seed (95 % CI; ×: seeds)' if measured else
-                      f'{setting}: no trained cell yet', fontsize=9)
+    if measured:
+        axes[0].set_yticks(range(len(measured)), [f'{label} (n = {len(d)})' for label, d in measured], fontsize=8)
+        axes[0].set_ylim(-0.5, len(measured) - 0.5)
+        axes[0].axvline(0, color='black', lw=0.8)
+        axes[0].set_xlabel('final val loss − frozen model, same batches (nats per token)')
+        axes[0].set_title(f'{setting}: by variant (mean, 95 % CI over seeds; ×: seeds)', fontsize=9)
+    else:
+        axes[0].set_axis_off()
+        axes[0].text(0.5, 0.5, f'{setting}:\nno trained run finished yet', ha='center', va='center', fontsize=10)
     if curve:
         _, saved, frozen = curve
         losses = {float(g): v for g, v in saved['losses'].items()}
@@ -1063,11 +1071,15 @@ def plot_pretrained_cells(setting, cells, curve, path):
                          marker='o', capsize=3, color='tab:blue')
         axes[1].axvspan(min(gammas + [-1e-9]), 0, color='tab:green', alpha=0.08)
         axes[1].axhline(0, color='black', lw=0.8)
+        axes[1].set_yscale('symlog', linthresh=0.02)  # the small differences near γ = 0 beside the large ones
+        for g, d in zip(gammas, diffs):
+            axes[1].annotate(f'{statistics.fmean(d):+.3f}', (g, statistics.fmean(d)), textcoords='offset points',
+                             xytext=(4, 6), fontsize=7)
         axes[1].set_xlabel('fixed γ of every head (δ = 1)')
         axes[1].set_ylabel('val loss − γ = 0 (nats per token)')
         base = next(mean for g, mean, *_ in frozen if g == 0)
-        axes[1].set_title(f'frozen model: fixed γ, paired by batch (95 % CI over {len(losses[0.0])} batches; '
-                          f'γ = 0: {base:.4f})', fontsize=9)
+        axes[1].set_title(f'frozen model at fixed γ, δ = 1 (γ = 0: {base:.4f}):\npaired by batch, 95 % CI over '
+                          f'{len(losses[0.0])} batches', fontsize=9)
     else:
         axes[1].set_axis_off()
     return save(fig, path)

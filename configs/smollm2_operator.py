@@ -6,6 +6,10 @@
 #   python prepare.py wikitext2 --tokenizer=smollm2-135m
 #   python train.py configs/smollm2_operator.py                          # the corridor, γ and δ learn
 #   python train.py configs/smollm2_operator.py --learn_gamma=False --out_dir=out-smollm2-delta   # δ only
+# The study (python sweep.py --study=pretrained) trains from this config corridor, δ only, γ ≥ 0 (gamma_nonneg),
+# a fixed γ with δ learned (fixed_gamma_delta), α0·I + α1·P and αP + β(I − P), 4 data-order seeds each, and first
+# evaluates the frozen model at fixed γ, δ = 1 on the evaluation batches of seed 0 (no training: nothing would learn).
+# A step took 7 s on 2 free cores; shared with two other jobs, a forward of one evaluation batch takes 10-25 s.
 init_from = 'smollm2-135m'
 train_only = 'operator'
 operator = 'corridor'
