@@ -22,7 +22,8 @@ import sys
 
 from common import UserError, atomic_write, load_run, main_guard, occupancy_report
 from model import in_corridor
-from plots import plot_evolution, plot_gamma_delta, plot_losses, plot_occupancy, plot_walk_evolution
+from plots import (plot_evolution, plot_gamma_delta, plot_loss_comparison, plot_losses, plot_occupancy,
+                   plot_walk_evolution)
 
 
 # ---------------------------------------------------------------------------------------------- occupancy
@@ -45,22 +46,26 @@ def analyze_run(run, out):
     os.makedirs(out, exist_ok=True)
     report = dict(run=run['name'], iter=run['iter'], operator=run['config']['operator'],
                   **occupancy_report(run['gamma'], run['delta']))
-    if run['snapshots']:
-        report['snapshots'] = [dict(iter=it, occupancy=in_corridor(g).float().mean().item(),
-                                    occupancy_by_layer=in_corridor(g).float().mean(-1).tolist())
-                               for it, g, _ in run['snapshots']]
+    if run['series']:  # occupancy at every evaluation, from log.jsonl
+        report['series'] = [dict(iter=it, occupancy=in_corridor(g).float().mean().item(),
+                                 occupancy_by_layer=in_corridor(g).float().mean(-1).tolist())
+                            for it, g, _ in run['series']]
     with atomic_write(os.path.join(out, 'corridor.json')) as f:
         json.dump(report, f, indent=1)
-    plot_occupancy({run['name']: report}, os.path.join(out, 'occupancy.png'))
-    plot_gamma_delta({run['name']: (run['gamma'], run['delta'])}, os.path.join(out, 'gamma_delta.png'))
-    if run['log']:
+    scalars = report['operator'] != 'attention'  # plain attention has none: every head is (c_I, c_P) = (0, 1)
+    if scalars:
+        plot_occupancy({run['name']: report}, os.path.join(out, 'occupancy.png'))
+        plot_gamma_delta({run['name']: (run['gamma'], run['delta'])}, os.path.join(out, 'gamma_delta.png'))
+    if run['log'] and scalars:
         plot_evolution(run['log'], os.path.join(out, 'evolution.png'), run['name'])
+    if run['log']:
         plot_losses({'train': ([e['tokens'] for e in run['log']], [e['train_loss'] for e in run['log']]),
                      'val': ([e['tokens'] for e in run['log']], [e['val_loss'] for e in run['log']])},
                     os.path.join(out, 'loss.png'), f"{run['name']}: loss")
         if any('walk' in e for e in run['log']):
             plot_walk_evolution({run['name']: [run['log']]}, os.path.join(out, 'walk.png'), run['name'])
-    table = layer_table(report)
+    table = layer_table(report) if scalars else \
+        "plain attention: every head's (c_I, c_P) is (0, 1), γ = 0, δ = 1, nothing to place in the corridor"
     header = f"# {run['name']}: operator {report['operator']}, iter {run['iter']}\n\n"
     with atomic_write(os.path.join(out, 'summary.md')) as f:
         f.write(header + table + '\n')
@@ -68,22 +73,38 @@ def analyze_run(run, out):
     return report
 
 
+def label(run):
+    """A run's name in plots: its folder and its operator, which the folder name may not say."""
+    operator = run['config']['operator']
+    return run['name'] if operator in run['name'] else f"{run['name']} ({operator})"
+
+
 def compare_runs(runs, reports, out):
     """Several runs: plots across runs and a summary of final losses."""
     os.makedirs(out, exist_ok=True)
-    plot_occupancy({r['name']: reports[r['name']] for r in runs}, os.path.join(out, 'occupancy.png'))
-    plot_gamma_delta({r['name']: (r['gamma'], r['delta']) for r in runs}, os.path.join(out, 'gamma_delta.png'))
-    plot_losses({r['name']: ([e['tokens'] for e in r['log']], [e['val_loss'] for e in r['log']]) for r in runs if r['log']},
-                os.path.join(out, 'val_loss.png'), 'validation loss')
-    walked = {r['name']: [r['log']] for r in runs if any('walk' in e for e in r['log'])}
+    with_scalars = [r for r in runs if r['config']['operator'] != 'attention']
+    if with_scalars:
+        plot_occupancy({label(r): reports[r['name']] for r in with_scalars}, os.path.join(out, 'occupancy.png'))
+        plot_gamma_delta({label(r): (r['gamma'], r['delta']) for r in with_scalars},
+                         os.path.join(out, 'gamma_delta.png'))
+    logged = [r for r in runs if r['log']]
+    if len(logged) > 1:  # the first run is the reference the others are compared with
+        plot_loss_comparison({label(r): ([e['tokens'] for e in r['log']], [e['val_loss'] for e in r['log']])
+                              for r in logged}, os.path.join(out, 'val_loss.png'), 'validation loss')
+    walked = {label(r): [r['log']] for r in runs if any('walk' in e for e in r['log'])}
     if walked:
         plot_walk_evolution(walked, os.path.join(out, 'walk.png'), 'runs compared')
-    rows = ["| run | operator | iter | final val loss | best val loss | corridor occupancy |", "|---|---|---|---|---|---|"]
+    rows = [f"| run | operator | iter | final val loss | − {runs[0]['name']} | best val loss | corridor occupancy |",
+            "|---|---|---|---|---|---|---|"]
+    first = runs[0]['log'][-1]['val_loss'] if runs[0]['log'] else float('nan')
     for r in runs:
         final = r['log'][-1]['val_loss'] if r['log'] else float('nan')
         best = min((e['val_loss'] for e in r['log']), default=float('nan'))
-        rows.append(f"| {r['name']} | {r['config']['operator']} | {r['iter']} | {final:.4f} | {best:.4f} "
-                    f"| {reports[r['name']]['occupancy']:.0%} |")
+        occupancy = '–' if r['config']['operator'] == 'attention' else f"{reports[r['name']]['occupancy']:.0%}"
+        rows.append(f"| {r['name']} | {r['config']['operator']} | {r['iter']} | {final:.4f} | {final - first:+.4f} "
+                    f"| {best:.4f} | {occupancy} |")
+    rows.append("\nOne run per variant: a difference means something only against the seed-to-seed spread of the "
+                "same setting; train several seeds (sweep.py) before reading a sign into it.")
     text = '\n'.join(rows)
     with atomic_write(os.path.join(out, 'summary.md')) as f:
         f.write('# Runs compared\n\n' + text + '\n')

@@ -5,7 +5,6 @@ reading run folders (and where their heads sit: occupancy_report), and the accel
 
 import ast
 import difflib
-import glob
 import json
 import os
 import re
@@ -259,12 +258,13 @@ def checkpoint_progress(path):
         return None, None
 
 
-def load_checkpoint(path, map_location='cpu'):
-    """A checkpoint dict, loaded with weights_only=True (no code runs from the file)."""
+def load_checkpoint(path, map_location='cpu', mmap=False):
+    """A checkpoint dict, loaded with weights_only=True (no code runs from the file); mmap: tensors are read from
+    the file only when used."""
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt?): {reason}") from None
@@ -314,22 +314,32 @@ def read_log(out_dir):
 
 
 def load_run(out_dir):
-    """A run folder: its name, config, log entries, final (γ, δ), the snapshot series (iter, γ, δ), the model's
-    parameter count (GPT.get_num_params), the source of a pretrained model, and the wall seconds it trained."""
+    """A run folder: its name, config, log entries, final (γ, δ), the series (iter, γ, δ) at every evaluation, the
+    model's parameter count (GPT.get_num_params), the source of a pretrained model, and the wall seconds it trained.
+
+    γ and δ come from log.jsonl, which holds every head's at every evaluation: no model is rebuilt to read scalars.
+    The checkpoint gives the config and progress (memory-mapped: its weights are not read), and is rebuilt into a
+    model only for what the log lacks: a run stopped after its last evaluation, and a pretrained model's size."""
     if not os.path.isdir(out_dir):
         raise UserError(f"no run folder {out_dir!r}")
-    ckpt = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'))
-    snapshots = []
-    for path in sorted(glob.glob(os.path.join(out_dir, 'ckpt_*.pt'))):  # zero-padded: sorted is iteration order
-        snap = load_checkpoint(path)
-        snapshots.append((snap['iter_num'], *gamma_delta(model_from_checkpoint(snap).operator_coefficients())))
-    model = model_from_checkpoint(ckpt)
-    gamma, delta = gamma_delta(model.operator_coefficients())
+    ckpt = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), mmap=True)
+    log = read_log(out_dir)
+    series = [(e['iter'], torch.tensor(e['gamma']), torch.tensor(e['delta'])) for e in log if 'gamma' in e]
+    model = None
+    if series and series[-1][0] == ckpt['iter_num']:
+        gamma, delta = series[-1][1:]
+    else:  # stopped after its last evaluation (Ctrl-C), or a log lost: the checkpoint's own scalars
+        model = model_from_checkpoint(ckpt)
+        gamma, delta = gamma_delta(model.operator_coefficients())
+    if ckpt.get('source') is None or is_gpt2(ckpt['source']):
+        with torch.device('meta'):  # our GPT's parameters counted without allocating them
+            counted = GPT(GPTConfig(**ckpt['model_args']))
+    else:
+        counted = model or model_from_checkpoint(ckpt)
     return dict(name=os.path.basename(os.path.normpath(out_dir)), out_dir=out_dir, config=ckpt['config'],
-                iter=ckpt['iter_num'], log=read_log(out_dir), gamma=gamma, delta=delta, snapshots=snapshots,
-                params=model.get_num_params(), source=ckpt.get('source'), seconds=ckpt.get('seconds'),
-                non_embedding=model.non_embedding_params() if hasattr(model, 'non_embedding_params') else None)
-
+                iter=ckpt['iter_num'], log=log, gamma=gamma, delta=delta, series=series,
+                params=counted.get_num_params(), source=ckpt.get('source'), seconds=ckpt.get('seconds'),
+                non_embedding=counted.non_embedding_params() if hasattr(counted, 'non_embedding_params') else None)
 
 
 def occupancy_report(gamma, delta):

@@ -3,6 +3,7 @@ The figures more than one tool draws, and the matplotlib setup they share: every
 `save` from here (files only, no display), so none imports another tool for its plots.
 
     plot_occupancy, plot_gamma_delta, plot_evolution, plot_losses    where γ and δ went (analyze.py, sweep.py)
+    plot_loss_comparison                                             runs against a reference (analyze.py)
     walk_series, plot_walk_evolution                                 the connection walk over training (both)
 """
 
@@ -107,6 +108,32 @@ def plot_losses(curves, path, title):
     ax.set_ylabel('loss (nats per token)')
     ax.set_title(title)
     ax.legend(fontsize=8)
+    return save(fig, path)
+
+
+def plot_loss_comparison(curves, path, title):
+    """curves: {label: (tokens, losses)}, the first the reference: the curves overlaid, and below each other run's
+    difference from the reference at the evaluations they share (the number a comparison is about), with what one
+    run per variant can and cannot say."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 5.6), sharex=True, height_ratios=(3, 2))
+    (ref_label, (ref_tokens, ref_losses)), *others = curves.items()
+    reference = dict(zip(ref_tokens, ref_losses))
+    for k, (label, (tokens, losses)) in enumerate(curves.items()):
+        top.plot([t / 1e6 for t in tokens], losses, marker='.', color=f'C{k}', label=label)
+        if k:
+            shared = [(t, loss - reference[t]) for t, loss in zip(tokens, losses) if t in reference]
+            bottom.plot([t / 1e6 for t, _ in shared], [d for _, d in shared], marker='.', color=f'C{k}',
+                        label=f'{label} − {ref_label}' + (f': {shared[-1][1]:+.4f} at the end' if shared else ''))
+    bottom.axhline(0, color='black', lw=0.7)
+    top.set_ylabel('loss (nats per token)')
+    top.set_title(title)
+    top.legend(fontsize=8)
+    bottom.set_ylabel('difference')
+    bottom.set_xlabel('tokens seen (millions)')
+    bottom.legend(fontsize=7)
+    bottom.text(0.01, 0.02, 'one run each: a difference is evidence only against the seed-to-seed spread;\n'
+                'train several seeds (sweep.py) before reading a sign into it', transform=bottom.transAxes,
+                fontsize=7, va='bottom', color='0.3')
     return save(fig, path)
 
 

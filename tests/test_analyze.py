@@ -46,7 +46,7 @@ def fake_run(folder, gamma=GAMMA, delta=DELTA, snapshots=()):
 
 
 def test_occupancy_counts_and_statistics_are_exact(tmp_path):
-    run = fake_run(tmp_path / 'run', snapshots=[(50, [[-0.5] * 4, [0.5] * 4, [-2.0, -0.5, 0.0, -0.1]])])
+    run = fake_run(tmp_path / 'run')
     analyze.main([str(run)])
     report = json.loads((run / 'analysis' / 'corridor.json').read_text())
     layer0, layer1, layer2 = report['layers']
@@ -59,8 +59,12 @@ def test_occupancy_counts_and_statistics_are_exact(tmp_path):
     assert layer0['gamma_median'] == pytest.approx(-0.5)  # torch's median: the lower middle value
     assert layer1['delta_mean'] == pytest.approx(1.0)
     assert layer1['gamma'] == pytest.approx(GAMMA[1]) and layer0['delta'] == pytest.approx(DELTA[0])
-    assert report['snapshots'] == [dict(iter=50, occupancy=pytest.approx(6 / 12),
-                                        occupancy_by_layer=pytest.approx([1.0, 0.0, 0.5]))]
+    # the series at every evaluation, from log.jsonl: γ scaled by iter / 100 (γ = 0 at iter 0 is "above")
+    assert report['series'] == [dict(iter=0, occupancy=0.0, occupancy_by_layer=[0.0, 0.0, 0.0]),
+                                dict(iter=50, occupancy=pytest.approx(10 / 12),
+                                     occupancy_by_layer=pytest.approx([0.5, 1.0, 1.0])),
+                                dict(iter=100, occupancy=pytest.approx(8 / 12),
+                                     occupancy_by_layer=pytest.approx([0.25, 0.75, 1.0]))]
     summary = (run / 'analysis' / 'summary.md').read_text()
     assert '| 0 | 25% | 1 | 2 |' in summary and 'layers after the first: 88%' in summary
 
@@ -77,7 +81,48 @@ def test_every_plot_is_written_for_one_run_and_for_several(tmp_path):
     for run in ('a', 'b'):
         assert (tmp_path / 'cmp' / run / 'evolution.png').stat().st_size > 1000
     summary = (tmp_path / 'cmp' / 'summary.md').read_text()
-    assert '| a | corridor | 100 | 1.1000 |' in summary and '| b |' in summary
+    assert '| a | corridor | 100 | 1.1000 | +0.0000 |' in summary and '| b |' in summary
+    assert 'One run per variant' in summary
+
+
+def test_an_attention_run_gets_no_empty_corridor_plots_and_its_comparison_shows_the_difference(tmp_path):
+    corridor = fake_run(tmp_path / 'corridor')
+    attention = tmp_path / 'baseline'
+    attention.mkdir()
+    config = GPTConfig(block_size=8, vocab_size=5, n_layer=3, n_head=4, n_embd=8, operator='attention')
+    save_checkpoint(dict(model=GPT(config).state_dict(), model_args=asdict(config), iter_num=100, best_val_loss=1.0,
+                         config=dict(operator='attention', max_iters=100),
+                         meta=dict(tokenizer='char', vocab_size=5, itos=list('abcde'))), attention / 'ckpt.pt')
+    with open(attention / 'log.jsonl', 'w') as f:
+        for it in (0, 50, 100):
+            zeros, ones = [[0.0] * 4] * 3, [[1.0] * 4] * 3
+            f.write(json.dumps(dict(iter=it, tokens=it * 64, train_loss=2.0, val_loss=2.0 - it / 200, gamma=zeros,
+                                    delta=ones, c_I=zeros, c_P=ones)) + '\n')
+    analyze.main([str(attention), str(corridor), '--out', str(tmp_path / 'cmp')])
+    names = {p.name for p in (tmp_path / 'cmp' / 'baseline').iterdir()}
+    assert names == {'corridor.json', 'summary.md', 'loss.png'}  # no flat γ/δ panels, no zero-height bars
+    assert 'plain attention' in (tmp_path / 'cmp' / 'baseline' / 'summary.md').read_text()
+    summary = (tmp_path / 'cmp' / 'summary.md').read_text()
+    assert '| baseline | attention | 100 | 1.5000 | +0.0000 | 1.5000 | – |' in summary
+    assert '| corridor | corridor | 100 | 1.1000 | -0.4000 |' in summary
+    assert (tmp_path / 'cmp' / 'val_loss.png').stat().st_size > 1000
+    assert analyze.label(analyze.load_run(str(attention))) == 'baseline (attention)'
+
+
+def test_gamma_delta_come_from_the_log_and_the_checkpoint_only_when_it_is_newer(tmp_path, monkeypatch):
+    """No model is rebuilt to read what log.jsonl holds; a run stopped after its last evaluation (its checkpoint
+    newer than the log) reads the checkpoint's own scalars."""
+    import common
+    run = fake_run(tmp_path / 'run')
+    real = common.model_from_checkpoint
+    monkeypatch.setattr(common, 'model_from_checkpoint', lambda *a, **k: pytest.fail('a model was rebuilt'))
+    loaded = common.load_run(str(run))
+    assert torch.allclose(loaded['gamma'], torch.tensor(GAMMA)) and loaded['params'] > 0
+    monkeypatch.setattr(common, 'model_from_checkpoint', real)
+    lines = (run / 'log.jsonl').read_text().splitlines()
+    stale = [json.loads(line) for line in lines[:2]]  # the last evaluation (iter 100, = the checkpoint) lost
+    (run / 'log.jsonl').write_text(''.join(json.dumps(e) + '\n' for e in stale))
+    assert torch.allclose(common.load_run(str(run))['gamma'], torch.tensor(GAMMA))  # the checkpoint's, not iter 50's
 
 
 def test_bad_input_is_one_line(tmp_path):
