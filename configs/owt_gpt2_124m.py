@@ -26,4 +26,5 @@ weight_decay = 1e-1
 eval_interval = 500
 eval_iters = 100
 log_interval = 10
-snapshot_interval = 2500   # ckpt_*.pt for analyze.py's γ/δ evolution
+# no ckpt_<iter>.pt snapshots (each 1.5 GB with the optimizer): log.jsonl holds every head's γ/δ at every
+# evaluation, which is all analyze.py reads; --snapshot_interval=N keeps them if you want the weights
