@@ -28,6 +28,29 @@ needs_wikitext = pytest.mark.skipif(not WIKITEXT_TEST.is_file(), reason=f"no loc
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The quick tier (`python -m pytest -m quick`, about a minute and a half on 2 cores): what an edit to the model or
+# the loop most likely breaks. The operator's identities, the fast path against the math path (values and
+# gradients), causality, the KV cache, finite-difference gradients, the optimizer's groups, a tiny run that learns,
+# gradient accumulation, and resume = uninterrupted. The whole suite is what CI runs.
+QUICK = {
+    'test_model.py': ('test_corridor_at_gamma0_delta1_is_attention', 'test_laplacian_heads_are_identity_minus_P',
+                      'test_operator_is_cI_V_plus_cP_PV_with_P_built_by_hand', 'test_operator_coefficients_follow_the_table',
+                      'test_fast_path_equals_math_path', 'test_future_tokens_never_change_the_past',
+                      'test_fast_path_and_math_path_give_the_same_gradients',
+                      'test_operator_scalar_gradients_match_finite_differences',
+                      'test_kv_cached_generation_equals_recomputing_every_position',
+                      'test_weight_decay_reaches_exactly_the_matrices_and_every_parameter_is_in_one_group'),
+    'test_device.py': ('test_fast_path_math_path_and_sampling_run_on_the_models_device',),
+    'test_train.py': ('test_tiny_model_learns_and_logs_every_heads_gamma_delta_at_every_eval',
+                      'test_resume_logs_the_same_losses_bit_for_bit', 'test_gradient_accumulation_averages_micro_batches'),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.originalname in QUICK.get(item.path.name, ()):
+            item.add_marker(pytest.mark.quick)
+
 
 def run_script(script, *args, cwd, env=None):
     """Run one of the repo's scripts as a user would; returns the CompletedProcess (text, not raising)."""

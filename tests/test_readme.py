@@ -159,3 +159,12 @@ def test_github_anchors_keep_letters_digits_underscores_and_hyphens():
     assert slug("(d) fixed γ inside the corridor, δ = 1 (`--study=fixed_gamma`)") == \
         "d-fixed-γ-inside-the-corridor-δ--1---studyfixed_gamma"
     assert slug("Reproduce on one GPU") == "reproduce-on-one-gpu"
+
+
+def test_the_quick_tier_names_tests_that_exist():
+    """A renamed test would drop out of `pytest -m quick` silently: every name in conftest.QUICK is defined."""
+    from conftest import QUICK
+    for file, names in QUICK.items():
+        source = (Path(__file__).parent / file).read_text()
+        for name in names:
+            assert re.search(rf'^def {name}\(', source, re.M), f"{file} has no {name}"
