@@ -673,3 +673,25 @@ def test_the_pretrained_report_has_every_claim_and_the_frozen_curve_in_one_holm_
     lines = sweep.pretrained_figures({}, str(out), tests, 'pretrained')
     tests.finish()
     assert [t['family_size'] for t in tests.tests] == [2, 2] and any(line.startswith('| -0.1 | ') for line in lines)
+
+
+def test_a_pretrained_study_evaluates_the_frozen_curve_trains_and_reports_end_to_end(tiny_frozen, tmp_path,
+                                                                                    monkeypatch):
+    """sweep.py's main on a tiny frozen Llama: the curve first (every γ of PRETRAINED_GAMMAS), then the runs, then
+    the report with both; the same command again trains and evaluates nothing."""
+    root, config = tiny_frozen
+    monkeypatch.setitem(sweep.SETTINGS, 'tiny/operator', (str(config), dict()))
+    monkeypatch.setitem(sweep.STUDIES, 'tiny_pretrained', sweep.Study(
+        'a test', (sweep.Part('tiny/operator', ('gamma_nonneg', 'corridor'), 1),), (), 'pretrained_figures'))
+    args = ['--study=tiny_pretrained', f'--out_root={tmp_path}', '--', '--max_iters=4', '--eval_interval=2']
+    sweep.main(args)
+    saved = json.loads((tmp_path / 'tiny' / 'operator' / 'frozen_gamma.json').read_text())
+    assert sorted(map(float, saved['losses'])) == sorted(sweep.PRETRAINED_GAMMAS)
+    report = (tmp_path / 'tiny_pretrained' / 'report.md').read_text()
+    assert '| tiny/operator | (c) | gamma_nonneg − corridor | 1 | ' in report and '| -0.05 | ' in report
+    assert '| tiny/operator | forms | alpha − corridor | 0 | not trained yet |' in report
+    assert (tmp_path / 'tiny_pretrained' / 'pretrained_claims_tiny_operator.png').stat().st_size > 1000
+    monkeypatch.setattr(sweep.subprocess, 'Popen', lambda *a, **k: pytest.fail('trained again'))
+    before = (tmp_path / 'tiny' / 'operator' / 'frozen_gamma.json').stat().st_mtime_ns
+    sweep.main(args)
+    assert (tmp_path / 'tiny' / 'operator' / 'frozen_gamma.json').stat().st_mtime_ns == before  # not evaluated again
