@@ -284,6 +284,24 @@ def test_fast_path_and_math_path_give_the_same_gradients(operator):
         torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize('overrides', [dict(bias=False), dict(learn_delta=False), dict(learn_gamma=False)],
+                         ids=['no-biases', 'delta-fixed', 'gamma-fixed'])
+def test_fast_path_and_math_path_give_the_same_gradients_without_biases_or_with_one_scalar_fixed(overrides):
+    """train.py's default bias=False, and a corridor with δ (or γ) a fixed buffer: the fused epilogue returns the
+    gradients of exactly the inputs that need one, and the learnable scalar still gets the math path's gradient."""
+    model = build(operator='corridor', gamma_init=-0.3, init_spread=0.2, **overrides).double()
+    idx, targets = tokens(), tokens(seed=2)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    grads = []
+    for logits in (model(idx)[0], model.forward_with_probs(idx)[0]):
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        grads.append(torch.autograd.grad(loss, trained))
+    for fast, slow in zip(*grads):
+        torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-12)
+    scalars = {id(p) for p in model.operator_parameters()}
+    assert scalars and all(g.abs().min() > 0 for p, g in zip(trained, grads[0]) if id(p) in scalars)
+
+
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 def test_coefficient_gradients_are_float32_sums_under_autocast(dtype):
     """dL/dc sums B·T·head_size products per head: in float32, not rounded to the autocast dtype (bf16 keeps 3
@@ -374,6 +392,21 @@ def test_gamma_nonneg_holds_under_large_steps_pushing_gamma_negative_and_can_lea
     assert (gamma_delta(model.operator_coefficients())[0] > 0).all()
 
 
+@pytest.mark.parametrize('raw', [0.0, -0.1, 0.2])
+def test_gamma_nonneg_blocks_a_push_below_zero_at_and_past_the_boundary_and_passes_the_pull_back(raw):
+    """γ = max(raw, 0): where raw ≤ 0 a gradient that would lower raw (dL/dγ > 0, of any size) is blocked and one
+    that raises it passes; where raw > 0 both pass unchanged."""
+    coefficients = build(operator='corridor', gamma_nonneg=True, learn_delta=False).transformer.h[0].attn.coefficients
+    original = coefficients.parametrizations.gamma.original
+    with torch.no_grad():
+        original.fill_(raw)
+    for slope in (0.5, -0.5):  # loss = slope · Σ γ
+        original.grad = None
+        (slope * coefficients.gamma.sum()).backward()
+        blocked = raw <= 0 and slope > 0
+        assert torch.equal(original.grad, torch.full_like(original, 0.0 if blocked else slope))
+
+
 def test_fixed_gamma_delta_never_move_and_are_saved():
     model = build(operator='corridor', gamma_init=-0.5, delta_init=1.0, learn_gamma=False, learn_delta=False)
     assert model.operator_parameters() == []
@@ -387,6 +420,20 @@ def test_fixed_gamma_delta_never_move_and_are_saved():
     after = gamma_delta(train_steps(model, steps=10, lr=0.1).operator_coefficients())
     torch.testing.assert_close(after[0], before[0], atol=0, rtol=0)
     assert (after[1] - before[1]).abs().max() > 1e-3
+
+
+def test_the_laplacian_and_attention_have_no_learnable_scalars_and_never_move():
+    """The fixed forms: their (γ, δ) are buffers (saved, never handed to the optimizer), whatever learn_gamma and
+    learn_delta say, and training leaves the laplacian's I − P heads exactly where they started."""
+    for operator in ('laplacian', 'attention'):
+        model = build(operator=operator, laplacian_heads=2) if operator == 'laplacian' else build(operator=operator)
+        assert model.operator_parameters() == []
+        before = model.operator_coefficients()
+        train_steps(model, steps=5, lr=0.1)
+        torch.testing.assert_close(model.operator_coefficients(), before, atol=0, rtol=0)
+    laplacian = build(operator='laplacian')
+    assert {'transformer.h.0.attn.coefficients.gamma', 'transformer.h.0.attn.coefficients.delta'} <= \
+        set(dict(laplacian.named_buffers()))
 
 
 @pytest.mark.parametrize('operator', LEARNABLE)
@@ -417,8 +464,13 @@ def test_weight_decay_reaches_exactly_the_matrices_and_every_parameter_is_in_one
     matrices = [n for n in names if n.endswith('.weight') and '.ln_' not in n and not n.startswith('transformer.ln_f')]
     assert set(matrices) == {n for n, p in names.items() if p.dim() == 2}  # wte (tied to lm_head), wpe, Linears
     assert any('.ln_1.' in n for n in names) and any(n.endswith('.bias') for n in names)
+    scalars = {id(p) for p in model.operator_parameters()}
     for name, p in names.items():
         assert decay[id(p)] == (wd if name in matrices else 0.0), name
+    for g in optimizer.param_groups:  # the scalars' own multiplier (1 here); every other group the schedule's lr
+        assert g['lr_mult'] == 1.0 and g['lr'] == lr
+    assert [g['params'] for g in optimizer.param_groups if scalars & {id(p) for p in g['params']}] == \
+        [model.operator_parameters()]
     before = {n: p.detach().clone() for n, p in names.items()}
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -524,6 +576,16 @@ def test_kv_cached_logits_equal_recomputed_logits_within_the_dtypes_tolerance(op
     assert len(cache) == 12
     for a, b in zip(cached, recomputed):
         torch.testing.assert_close(a.double(), b.double(), **KV_CACHE_TOLERANCE[dtype])
+
+
+def test_generate_by_default_samples_at_temperature_1_from_every_token():
+    """generate(idx, n) with a generator is generate(idx, n, temperature=1.0, top_k=None) with an equal one."""
+    model = train_steps(build(operator='corridor')).eval()
+    prompt = tokens(B=3, T=4)
+    default = model.generate(prompt, 10, generator=torch.Generator().manual_seed(5))
+    explicit = model.generate(prompt, 10, temperature=1.0, top_k=None, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(default, explicit)
+    assert not torch.equal(default, model.generate(prompt, 10, temperature=2.0, generator=torch.Generator().manual_seed(5)))
 
 
 def test_top_k_1_is_greedy():

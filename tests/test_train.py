@@ -934,13 +934,14 @@ def test_batch_targets_are_the_inputs_shifted_by_one_token(tiny_data_root):
 
 def record_steps(capsys, data_root, out, *args):
     """Train in this process; returns (the gradient of every parameter at each optimizer step, in float64, the
-    training batches drawn (offsets), the window losses the log lines print)."""
+    training batches drawn (offsets), the window losses the log lines print, each step's (lr, lr_mult, size) per group)."""
     import train as train_module
     batch, step, estimate_loss = train_module.Data.batch, torch.amp.GradScaler.step, train_module.estimate_loss
-    grads, batches, evaluating = [], [], []
+    grads, batches, evaluating, lrs = [], [], [], []
 
     def recording_step(self, optimizer, *a, **kw):
         grads.append([p.grad.double().clone() for g in optimizer.param_groups for p in g['params']])
+        lrs.append([(g['lr'], g['lr_mult'], len(g['params'])) for g in optimizer.param_groups])
         return step(self, optimizer, *a, **kw)
     with pytest.MonkeyPatch.context() as m:  # undone before the next run records its own
         m.setattr(train_module, 'estimate_loss', lambda *a: (evaluating.append(1), estimate_loss(*a),
@@ -952,7 +953,7 @@ def record_steps(capsys, data_root, out, *args):
         train_in_process(m, data_root, out, *args)
     printed = [float(line.split('loss ')[1].split(',')[0]) for line in capsys.readouterr().out.splitlines()
                if line.startswith('iter ') and ': loss ' in line]
-    return grads, batches, printed
+    return grads, batches, printed, lrs
 
 
 def test_gradient_accumulation_averages_micro_batches(tiny_data_root, tmp_path, capsys):
@@ -964,7 +965,7 @@ def test_gradient_accumulation_averages_micro_batches(tiny_data_root, tmp_path, 
                                '--gradient_accumulation_steps=4', '--batch_size=8')
     whole = record_steps(capsys, tiny_data_root, tmp_path / 'gas1', *common,
                          '--gradient_accumulation_steps=1', '--batch_size=32')
-    (grads_4, batches_4, printed_4), (grads_1, batches_1, printed_1) = accumulated, whole
+    (grads_4, batches_4, printed_4, _), (grads_1, batches_1, printed_1, _) = accumulated, whole
     # the reference is an equivalent run: the same 32 sequences per step, in one batch
     assert len(batches_4) == 8 and len(batches_1) == 2
     assert [sum(batches_4[4 * s:4 * s + 4], []) for s in range(2)] == batches_1
@@ -1036,3 +1037,26 @@ def test_prepare_on_demand_offline_names_the_prepare_command_that_takes_a_local_
         train_module.prepare_if_missing(cfg)
     assert str(e.value).endswith(f"prepare it from a local copy: python prepare.py shakespeare_char --input PATH "
                                  f"--data_root={tmp_path}")
+
+
+def test_each_step_uses_the_schedules_lr_times_its_groups_multiplier(tiny_data_root, tmp_path, capsys):
+    """At every optimizer step, the operator scalars' group has get_lr(iter) × operator_lr_mult, the others get_lr."""
+    from types import SimpleNamespace
+    from train import get_lr
+    args = dict(learning_rate=3e-3, min_lr=3e-4, warmup_iters=5, lr_decay_iters=10, decay_lr=True)
+    *_, lrs = record_steps(capsys, tiny_data_root, tmp_path / 'run', '--operator=corridor', '--operator_lr_mult=4.0',
+                           '--max_iters=8', '--eval_interval=100', '--eval_iters=1', '--lr_decay_iters=10')
+    assert len(lrs) == 8
+    for it, groups in enumerate(lrs):
+        expected = get_lr(it, SimpleNamespace(**args))
+        assert [(mult, size) for _, mult, size in groups] == [(1.0, 10), (1.0, 5), (4.0, 4)]  # γ, δ of 2 layers
+        assert [lr for lr, _, _ in groups] == pytest.approx([expected, expected, 4 * expected], rel=1e-12)
+
+
+def test_evaluations_fall_on_multiples_of_eval_interval_and_at_the_last_iteration(tiny_data_root, tmp_path,
+                                                                                 monkeypatch):
+    train_in_process(monkeypatch, tiny_data_root, tmp_path / 'run', '--max_iters=7', '--eval_interval=3',
+                     '--eval_iters=1', '--lr_decay_iters=10')
+    log = read_log(tmp_path / 'run')
+    assert [e['iter'] for e in log] == [0, 3, 6, 7]
+    assert [e['tokens'] for e in log] == [i * 8 * 32 for i in (0, 3, 6, 7)]
