@@ -673,8 +673,9 @@ def check_throughput(device, small, dtype):
          f"{mfu}; kernels {', '.join(r['sdpa_kernels'])}")
 
 
-def check_train_py(device, small, dtype, args=(), nproc=0, out=None, root=None):
-    """Run train.py (under torchrun with nproc > 0) on the synthetic tokens in root; its log.jsonl lines."""
+def check_train_py(device, small, dtype, args=(), nproc=0, out=None, root=None, compiled=None):
+    """Run train.py (under torchrun with nproc > 0) on the synthetic tokens in root; its log.jsonl lines. compiled:
+    torch.compile (default: on a GPU's sizes, not at the tiny ones)."""
     repo = os.path.dirname(os.path.abspath(__file__))
     size = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=64', '--batch_size=4'] if small else \
         ['--n_layer=12', '--n_head=12', '--n_embd=768', '--block_size=1024', '--batch_size=12', '--bias=False']
@@ -684,7 +685,7 @@ def check_train_py(device, small, dtype, args=(), nproc=0, out=None, root=None):
                f"--dtype={str(dtype).removeprefix('torch.')}", f'--data_root={root}', '--dataset=synthetic',
                '--operator=corridor', '--gamma_init=-0.3', '--init_spread=0.2', '--gradient_accumulation_steps=2',
                f"--learning_rate={1e-2 if small else 1e-3}", '--warmup_iters=5', '--eval_iters=2', '--log_interval=10',
-               f'--compile={not small}', f'--out_dir={out}', *args]
+               f'--compile={not small if compiled is None else compiled}', f'--out_dir={out}', *args]
     result = subprocess.run(command, cwd=repo, capture_output=True, text=True)
     if result.returncode:
         raise RuntimeError(f"train.py exited {result.returncode}: "
@@ -709,16 +710,19 @@ def check_ddp_resume(device, small, dtype):
     """torchrun (NCCL on a GPU, gloo on CPU) over train.py: a run stopped halfway and resumed ends where the
     uninterrupted run ends. Bit-exact on CPU; on a GPU non-deterministic kernels (SDPA backward's atomics) may move
     the last digits, so a difference below 1e-3 is a warning."""
-    nproc = min(2, torch.cuda.device_count()) if device.startswith('cuda') else 2
-    device_arg = 'cuda' if device.startswith('cuda') else 'cpu'  # torchrun gives each process its own GPU
+    cuda = device.startswith('cuda')
+    nproc = min(2, torch.cuda.device_count()) if cuda else 2
+    device_arg = 'cuda' if cuda else 'cpu'  # torchrun gives each process its own GPU
+    # the tiny model, compiled on a GPU: DDP over torch.compile and the state a resume restores, not GPT-2's compile
+    # three times over
+    def run(args, out):
+        return check_train_py(device_arg, True, dtype, args, nproc, os.path.join(root, out), root, compiled=cuda)
     with tempfile.TemporaryDirectory() as root:
         write_synthetic_tokens(os.path.join(root, 'synthetic'), 512, 400_000)
         common_args = ['--max_iters=20', '--lr_decay_iters=20', '--eval_interval=10']
-        whole = check_train_py(device_arg, small, dtype, common_args, nproc, os.path.join(root, 'whole'), root)
-        check_train_py(device_arg, small, dtype, ['--max_iters=10', '--lr_decay_iters=20', '--eval_interval=10'],
-                       nproc, os.path.join(root, 'resumed'), root)
-        resumed = check_train_py(device_arg, small, dtype, ['--init_from=resume', *common_args], nproc,
-                                 os.path.join(root, 'resumed'), root)
+        whole = run(common_args, 'whole')
+        run(['--max_iters=10', '--lr_decay_iters=20', '--eval_interval=10'], 'resumed')
+        resumed = run(['--init_from=resume', *common_args], 'resumed')
     a, b = whole[-1]['val_loss'], resumed[-1]['val_loss']
     status = 'PASS' if a == b else 'WARN' if abs(a - b) < 1e-3 else 'FAIL'
     return status, f"{nproc} process(es): val loss at iter 20 {a:.6f} uninterrupted, {b:.6f} resumed"
