@@ -98,3 +98,23 @@ def test_compare_correlates_the_push_minus_dL_dgamma_with_the_learned_gamma(monk
     assert result['clear_heads'] == len(clear) == 4
     assert result['agree'] == pytest.approx(sum((push[i] > 0) == (moved[i] > 0) for i in clear) / len(clear)) == 0.75
     assert f"Pearson r(−∂L/∂γ, γ) = {result['pearson']:+.2f}" in '\n'.join(lines)
+
+
+def test_probe_windows_are_whole_seeded_and_the_shortest_split_is_one_line(tmp_path):
+    """sequences(): every window is seq_len + 1 consecutive tokens of the split (400 draws from a 40-token file,
+    offsets up to its end), the same for the same seed and others for another; a split of seq_len + 2 tokens still
+    gives windows, one of seq_len + 1 is refused with a UserError (not a crash in torch.randint)."""
+    import numpy as np
+    from common import UserError
+    (tmp_path / 'd').mkdir()
+    (tmp_path / 'd' / 'meta.json').write_text(json.dumps(dict(vocab_size=64, tokenizer='char')))
+    np.arange(40, dtype=np.uint16).tofile(tmp_path / 'd' / 'val.bin')
+    _, windows = sequences(str(tmp_path), 'd', 'val', n_seqs=400, seq_len=30, seed=0)
+    assert windows.shape == (400, 31)
+    assert torch.equal(windows, windows[:, :1] + torch.arange(31))  # consecutive tokens, none past the end
+    assert len(set(windows[:, 0].tolist())) > 5
+    assert torch.equal(sequences(str(tmp_path), 'd', 'val', n_seqs=400, seq_len=30, seed=0)[1], windows)
+    assert not torch.equal(sequences(str(tmp_path), 'd', 'val', n_seqs=400, seq_len=30, seed=1)[1], windows)
+    assert sequences(str(tmp_path), 'd', 'val', n_seqs=3, seq_len=38, seed=0)[1].shape == (3, 39)
+    with pytest.raises(UserError, match='fewer than --seq_len=39'):
+        sequences(str(tmp_path), 'd', 'val', n_seqs=3, seq_len=39, seed=0)
