@@ -307,7 +307,7 @@ def test_a_second_run_into_a_live_run_folder_is_refused_and_the_first_run_is_unt
     finally:
         first.send_signal(signal.SIGINT)
         first.communicate(timeout=120)
-    assert first.returncode == 0
+    assert first.returncode == 128 + signal.SIGINT  # stopped cleanly by the Ctrl-C
     iters = [e['iter'] for e in read_log(out)]
     assert iters == sorted(set(iters)) and iters[0] == 0  # one run's log: no duplicated, interleaved iterations
     result = run_script('train.py', '--init_from=resume', f'--out_dir={out}', '--max_iters=' + str(iters[-1] + 100),
@@ -720,7 +720,7 @@ def test_sigterm_saves_at_an_iteration_boundary_and_stops(tiny_data_root, tmp_pa
     process = start_training(tiny_data_root, out, '--eval_interval=100000')
     process.send_signal(signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 0, stderr[-2000:]
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-2000:]  # a scheduler can tell it did not finish
     stopped_at = int(stdout.split('stopped at iter ')[1].split(';')[0])
     assert 0 < stopped_at < 100000
     assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == stopped_at
