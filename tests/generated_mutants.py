@@ -123,6 +123,8 @@ EQUIVALENT = {
         'at it == warmup_iters warmup and cosine both give learning_rate',
     'train.py|if it > cfg.lr_decay_iters:|Gt -> GtE|0':
         'at it == lr_decay_iters the cosine gives min_lr too',
+    'train.py|total += torch.stack([loss.float(), torch.ones((), device=data.device)])|Add= -> Sub=|0':
+        'the loss sum and the batch count both negated: their ratio is the same',
     'train.py|offsets = data.offsets(split, cfg.eval_iters, torch.Generator().manual_seed(cfg.seed + 1000 + i))|Add -> Sub|1':
         'another fixed evaluation seed, still one per split and apart from the training stream',
     'train.py|offsets = data.offsets(split, cfg.eval_iters, torch.Generator().manual_seed(cfg.seed + 1000 + i))|1000 -> 1001|0':

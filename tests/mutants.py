@@ -155,6 +155,8 @@ MUTANTS = [
            k('test_train.py', 'gradient_accumulation')),
     Mutant('window_loss_of_the_last_micro_batch', 'train.py', "window['loss'] += loss.detach()",
            "window['loss'] = loss.detach()", k('test_train.py', 'gradient_accumulation')),
+    Mutant('window_loss_negated', 'train.py', "window['loss'] += loss.detach()", "window['loss'] -= loss.detach()",
+           k('test_train.py', 'gradient_accumulation')),
     Mutant('last_micro_batch_not_loaded', 'train.py', 'if micro_step + 1 < micro_steps:',
            'if micro_step + 2 < micro_steps:', k('test_train.py', 'gradient_accumulation')),
     Mutant('micro_batch_loaded_from_behind', 'train.py', "offsets[micro_step + 1])", "offsets[micro_step - 1])",

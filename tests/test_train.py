@@ -976,6 +976,9 @@ def test_gradient_accumulation_averages_micro_batches(tiny_data_root, tmp_path, 
             torch.testing.assert_close(g4, g1, rtol=1e-4, atol=1e-7)
     assert len(printed_4) == len(printed_1) == 2
     assert printed_4 == pytest.approx(printed_1, abs=2e-4)  # printed with 4 decimals
+    # and it is the loss itself: an untrained model's (logits near 0) is about ln(vocabulary) at the first step
+    vocab = json.loads((tiny_data_root / 'tiny' / 'meta.json').read_text())['vocab_size']
+    assert printed_1[0] == pytest.approx(math.log(vocab), abs=0.1)
 
 
 def test_estimate_loss_is_the_mean_loss_over_fixed_eval_batches_in_eval_mode(tiny_data_root, monkeypatch):
