@@ -53,7 +53,10 @@ def sequences(data_root, dataset, split, n_seqs, seq_len, seed):
         raise UserError(f"no prepared data at {folder} (meta.json): run prepare.py first") from None
     tokens = np.memmap(os.path.join(folder, f'{split}.bin'), dtype=meta.get('dtype', 'uint16'), mode='r')
     if len(tokens) <= seq_len + 1:
-        raise UserError(f"{folder}/{split}.bin has {len(tokens)} tokens, fewer than --seq_len={seq_len} + 1")
+        # (a split of exactly seq_len + 1 tokens would hold one window; the offsets are drawn below the last one,
+        # kept so that the documented probe runs draw the same sequences)
+        raise UserError(f"{folder}/{split}.bin has {len(tokens)} tokens; the probe draws windows of --seq_len={seq_len} "
+                        f"+ 1 from at least {seq_len + 2}")
     offsets = torch.randint(len(tokens) - seq_len - 1, (n_seqs,), generator=torch.Generator().manual_seed(seed))
     return meta, torch.stack([torch.from_numpy(tokens[i:i + seq_len + 1].astype(np.int64)) for i in offsets])
 
