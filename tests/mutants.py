@@ -63,7 +63,7 @@ MUTANTS = [
     # issue 21: caught before it
     Mutant('data_rng_not_restored', 'train.py', "data_rng.set_state(ckpt['rng']['data'])", 'pass',
            k('test_train.py', 'resume_logs_the_same_losses')),
-    Mutant('c_P_dropped_in_backward', 'model.py', '(g * c).to(g.dtype)', 'g.to(g.dtype)',
+    Mutant('c_P_dropped_in_backward', 'model.py', 'in_dtype(c, g) * g if g is not None', 'g if g is not None',
            k('test_model.py', 'gradient')),
     Mutant('causal_mask_off_by_one', 'model.py', 'device=x.device).tril()', 'device=x.device).tril(1)',
            k('test_model.py', 'future_tokens or math_path')),
@@ -74,7 +74,8 @@ MUTANTS = [
            k('test_model.py', 'alpha_forms or follow_the_table')),
     Mutant('c_P_dropped_on_the_math_path', 'model.py', 'y = c_I * v + c_P * pv ', 'y = c_I * v + pv ',
            k('test_model.py', 'operator_is_cI')),
-    Mutant('c_P_dropped_on_the_fast_path', 'model.py', 'F.linear((c_I * v + c_P * y)', 'F.linear((c_I * v + y)',
+    Mutant('c_P_dropped_on_the_fast_path', 'model.py', 'F.linear((in_dtype(c_I, v) * v + in_dtype(c_P, y) * y)',
+           'F.linear((in_dtype(c_I, v) * v + y)',
            k('test_model.py', 'fast_path_equals_math_path')),
     Mutant('temperature_multiplies', 'model.py', 'logits = logits / temperature', 'logits = logits * temperature',
            k('test_model.py', 'sampling_frequencies')),

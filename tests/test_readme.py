@@ -168,3 +168,15 @@ def test_the_quick_tier_names_tests_that_exist():
         source = (Path(__file__).parent / file).read_text()
         for name in names:
             assert re.search(rf'^def {name}\(', source, re.M), f"{file} has no {name}"
+
+
+def test_every_mutant_of_the_mutation_check_still_finds_its_snippet_once():
+    """tests/mutants.py is not collected by pytest; this keeps its list from rotting between runs of it: a refactor
+    that moves a snippet fails here, in CI, not at the next mutation run."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('mutants', Path(__file__).parent / 'mutants.py')
+    mutants = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutants)
+    repo = Path(__file__).parents[1]
+    counts = {m.name: (repo / m.file).read_text().count(m.original) for m in mutants.MUTANTS}
+    assert counts and all(n == 1 for n in counts.values()), {k: n for k, n in counts.items() if n != 1}
