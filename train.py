@@ -681,8 +681,7 @@ def train(argv, held):
             if master:
                 save_checkpoint(checkpoint_state(raw_model, optimizer, scaler, cfg, data.meta, progress, data_rng,
                                                  device), ckpt_path)
-                tqdm.write(f"stopped at iter {iter_num}; {ckpt_path} holds it: continue with `python train.py "
-                           f"--init_from=resume --out_dir={shlex.quote(cfg.out_dir)}`")
+                tqdm.write(f"stopped at iter {iter_num}; {resume_advice(cfg, world)}")  # torchrun's command under DDP
             break
 
         # one optimizer step on the global batch, micro_steps micro-batches of it in this process
