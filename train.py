@@ -339,11 +339,16 @@ def build_model(cfg, vocab_size, ckpt):
         if not model.operator_parameters():
             raise UserError(f"train_only='operator', but operator={cfg.operator!r} has no learnable scalars "
                             f"(corridor, alpha, alpha_beta have)")
-        for p in model.parameters():
-            p.requires_grad_(False)
-        for p in model.operator_parameters():
-            p.requires_grad_(True)
+        freeze_all_but_the_operator(model)
     return model
+
+
+def freeze_all_but_the_operator(model):
+    """train_only='operator': every weight frozen, the operator's scalars trained."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in model.operator_parameters():
+        p.requires_grad_(True)
 
 
 def saved_weights(model, cfg):

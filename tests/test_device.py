@@ -112,14 +112,11 @@ def test_operator_only_training_state_restores_onto_the_device():
     pytest.importorskip('transformers')
     from types import SimpleNamespace
     from test_walk_hf import tiny_causal_lm, with_operator
-    from train import saved_weights
+    from train import freeze_all_but_the_operator, saved_weights
 
     def operator_only():
         model = with_operator(tiny_causal_lm('llama'), operator='corridor', gamma_init=-0.2).float()
-        for p in model.parameters():
-            p.requires_grad_(False)
-        for p in model.operator_parameters():
-            p.requires_grad_(True)
+        freeze_all_but_the_operator(model)
         return model
 
     def step(model, optimizer):
