@@ -1,7 +1,7 @@
 """
 Where did the operator go? Reads run folders written by train.py and writes corridor occupancy, γ/δ plots
-and run comparisons. (The sweep's statistics live in sweep.py, the connection-walk diagnostics in walk.py, the
-figures it shares with them in plots.py.)
+and run comparisons. Its figures are the repo's shared ones: the lab's tools (lab/) draw with them too. The
+studies' statistics live in lab/stats.py, the connection-walk diagnostics in `python -m lab.walk`.
 
     python analyze.py out-shakespeare-char-corridor              # -> out-shakespeare-char-corridor/analysis/
     python analyze.py out-a out-b out-c --out comparison          # each run, plus the runs compared
@@ -17,13 +17,18 @@ counts as "above" (plain scaled attention), one at γ = −1 as "below" (a pure 
 
 import argparse
 import json
+import math
 import os
 import sys
 
-from common import UserError, atomic_write, load_run, main_guard, occupancy_report
-from model import in_corridor
-from plots import (plot_evolution, plot_gamma_delta, plot_loss_comparison, plot_losses, plot_occupancy,
-                   plot_walk_evolution)
+import matplotlib
+
+matplotlib.use('Agg')  # files only: no display on a server, and no GUI backend to import
+import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
+import torch  # noqa: E402
+
+from common import UserError, atomic_write, load_run, main_guard, occupancy_report  # noqa: E402
+from model import in_corridor  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------- occupancy
@@ -37,6 +42,187 @@ def layer_table(report):
     rows.append(f"\nall heads: {report['occupancy']:.0%} in the corridor"
                 + (f"; layers after the first: {beyond:.0%}" if beyond is not None else ''))
     return '\n'.join(rows)
+
+
+# ---------------------------------------------------------------------------------------------- figures
+# the lab's tools draw with these too (`from analyze import plt, save`): one matplotlib setup for the repo
+
+def save(fig, path):
+    fig.tight_layout()
+    try:
+        with atomic_write(path, 'wb') as f:  # the format from the real name, not from path.tmp
+            fig.savefig(f, dpi=110, format=os.path.splitext(path)[1][1:] or 'png')
+    finally:
+        plt.close(fig)
+    return path
+
+
+def plot_occupancy(reports, path):
+    """reports: {label: occupancy report}: grouped bars, one group per layer."""
+    n_layer = len(next(iter(reports.values()))['layers'])
+    fig, ax = plt.subplots(figsize=(min(16, max(5, 1.2 * n_layer)) + 1.6, 3.6))
+    width = 0.8 / len(reports)
+    for k, (label, report) in enumerate(reports.items()):
+        layers = [r['layer'] for r in report['layers']]
+        ax.bar([x + (k - (len(reports) - 1) / 2) * width for x in layers], [r['occupancy'] for r in report['layers']],
+               width, label=label)
+    ax.set_ylim(0, 1.05)
+    ax.set_xticks(layers)
+    ax.set_xlabel('layer')
+    ax.set_ylabel('fraction of heads with −1 < γ < 0')
+    ax.set_title('Corridor occupancy by layer')
+    ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
+    return save(fig, path)
+
+
+def plot_gamma_delta(runs, path):
+    """runs: {label: (γ, δ)}: every head in the (γ, δ) plane, the corridor shaded, coloured by layer."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.8), squeeze=False)
+    for ax, (label, (gamma, delta)) in zip(axes[0], runs.items()):
+        ax.axvspan(-1, 0, color='tab:green', alpha=0.12, label='corridor −1 < γ < 0')
+        colors = plt.cm.viridis([i / max(1, len(gamma) - 1) for i in range(len(gamma))])
+        for layer, (g, d) in enumerate(zip(gamma, delta)):
+            ax.scatter(g.tolist(), d.tolist(), color=colors[layer], s=22, label=f'layer {layer}')
+        lo, hi = min(-1.1, gamma.min().item() - 0.1), max(0.3, gamma.max().item() + 0.1)
+        ax.set_xlim(lo, hi)
+        ax.set_xlabel('γ = c_I / c_P')
+        ax.set_ylabel('δ = c_P')
+        ax.set_title(label, fontsize=10)
+        if len(gamma) <= 8:
+            ax.legend(fontsize=7, loc='best')
+        else:  # a pretrained model's 30 layers: a colour scale, not 30 legend entries
+            scale = plt.cm.ScalarMappable(cmap='viridis', norm=plt.Normalize(0, len(gamma) - 1))
+            fig.colorbar(scale, ax=ax, label='layer')
+    fig.suptitle('Every head in the (γ, δ) plane', fontsize=11)
+    return save(fig, path)
+
+
+def plot_evolution(log, path, title):
+    """γ (upper row) and δ (lower row) of every head against tokens seen, one column per layer, at most six columns
+    (a 30-layer model wraps into five pairs of rows). γ's axis spans the heads' values and 0, the corridor shaded."""
+    tokens = [e['tokens'] / 1e6 for e in log]
+    gamma = torch.tensor([e['gamma'] for e in log])  # [evals, layers, heads]
+    delta = torch.tensor([e['delta'] for e in log])
+    n_layer = gamma.shape[1]
+    columns = min(n_layer, 6)
+    pairs = math.ceil(n_layer / columns)
+    fig, axes = plt.subplots(2 * pairs, columns, figsize=(3.2 * columns, 2.7 * 2 * pairs), sharex=True, squeeze=False)
+    for layer in range(n_layer):
+        top, bottom = axes[2 * (layer // columns)][layer % columns], axes[2 * (layer // columns) + 1][layer % columns]
+        for head in range(gamma.shape[2]):
+            top.plot(tokens, gamma[:, layer, head].tolist(), lw=1.2)
+            bottom.plot(tokens, delta[:, layer, head].tolist(), lw=1.2)
+        low, high = min(gamma[:, layer].min().item(), 0.0), max(gamma[:, layer].max().item(), 0.0)
+        margin = max(0.1 * (high - low), 1e-3)
+        top.set_ylim(low - margin, high + margin)
+        top.axhspan(-1, 0, color='tab:green', alpha=0.12)
+        top.set_title(f'layer {layer}', fontsize=10)
+        top.set_ylabel('γ (shaded: the corridor)' if layer % columns == 0 else '')
+        bottom.set_ylabel('δ' if layer % columns == 0 else '')
+        bottom.set_xlabel('tokens seen (millions)')
+    for empty in range(n_layer, pairs * columns):
+        axes[2 * (empty // columns)][empty % columns].axis('off')
+        axes[2 * (empty // columns) + 1][empty % columns].axis('off')
+    fig.suptitle(f'{title}: γ and δ of every head (one line per head)', fontsize=11)
+    return save(fig, path)
+
+
+def plot_losses(curves, path, title):
+    """curves: {label: (tokens, losses)} overlaid."""
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for label, (tokens, losses) in curves.items():
+        ax.plot([t / 1e6 for t in tokens], losses, marker='.', label=label)
+    ax.set_xlabel('tokens seen (millions)')
+    ax.set_ylabel('loss (nats per token)')
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return save(fig, path)
+
+
+def plot_loss_comparison(curves, path, title):
+    """curves: {label: (tokens, losses)}, the first the reference: the curves overlaid, and below each other run's
+    difference from the reference at the evaluations they share (the number a comparison is about), with what one
+    run per variant can and cannot say."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 5.6), sharex=True, height_ratios=(3, 2))
+    (ref_label, (ref_tokens, ref_losses)), *others = curves.items()
+    reference = dict(zip(ref_tokens, ref_losses))
+    for k, (label, (tokens, losses)) in enumerate(curves.items()):
+        top.plot([t / 1e6 for t in tokens], losses, marker='.', color=f'C{k}', label=label)
+        if k:
+            shared = [(t, loss - reference[t]) for t, loss in zip(tokens, losses) if t in reference]
+            bottom.plot([t / 1e6 for t, _ in shared], [d for _, d in shared], marker='.', color=f'C{k}',
+                        label=f'{label} − {ref_label}' + (f': {shared[-1][1]:+.4f} at the end' if shared else ''))
+    bottom.axhline(0, color='black', lw=0.7)
+    top.set_ylabel('loss (nats per token)')
+    top.set_title(title)
+    top.legend(fontsize=8)
+    bottom.set_ylabel('difference')
+    bottom.set_xlabel('tokens seen (millions)')
+    bottom.legend(fontsize=7)
+    bottom.text(0.01, 0.02, 'one run each: a difference is evidence only against the seed-to-seed spread;\n'
+                'train several seeds (python -m lab.sweep) before reading a sign into it', transform=bottom.transAxes,
+                fontsize=7, va='bottom', color='0.3')
+    return save(fig, path)
+
+
+# ------------------------------------------------------------------------------------ walk geometry over training
+
+# what plot_walk_evolution draws from the log's 'walk' entries (train.py's walk_interval): key, axis title
+WALK_PANELS = (('drift', 'drift to the next layer'), ('delta_orth', 'δ_orth'), ('a_eff_fro', '‖A_eff‖_F'),
+               ('gram_ratio', 'Ḡ diagonal / off-diagonal (mean abs)'))
+
+
+def walk_series(log, part, key):
+    """(tokens [E], values [E, layers]) of one logged walk diagnostic over the evaluations that have it;
+    gram_ratio is Ḡ's mean |diagonal| over its mean |off-diagonal|. None when the log has none."""
+    entries = [e for e in log if part in e.get('walk', {})]
+    if not entries:
+        return None
+    if key == 'gram_ratio':
+        values = [[a / b for a, b in zip(e['walk'][part]['gram_diag_mean'], e['walk'][part]['gram_offdiag_mean'])]
+                  for e in entries]
+    else:
+        values = [e['walk'][part][key] for e in entries]
+    return torch.tensor([e['tokens'] for e in entries], dtype=torch.float64), torch.tensor(values, dtype=torch.float64)
+
+
+def plot_walk_evolution(groups, path, title):
+    """groups: {label: [log, ...]} (e.g. a variant's seeds). Every walk diagnostic against tokens seen, one column
+    per layer, the mean γ of the layer's heads in the last row; one colour per group, one thin line per log;
+    the attention part solid, the full operator c_I·I + c_P·P dashed."""
+    n_layer = len(next(iter(groups.values()))[0][-1]['gamma'])
+    rows = len(WALK_PANELS) + 1
+    fig, axes = plt.subplots(rows, n_layer, figsize=(3.1 * n_layer, 2.2 * rows), sharex=True, squeeze=False)
+    for color, (label, logs) in enumerate(groups.items()):
+        for k, log in enumerate(logs):
+            for row, (key, name) in enumerate(WALK_PANELS):
+                for part, style in (('attention', '-'), ('operator', '--')):
+                    series = walk_series(log, part, key)
+                    if series is None:
+                        continue
+                    tokens, values = series
+                    for layer in range(values.shape[1]):
+                        axes[row][layer].plot((tokens / 1e6).tolist(), values[:, layer].tolist(), style, lw=1,
+                                              color=f'C{color}', alpha=0.8,
+                                              label=f'{label}{"" if part == "attention" else " (operator)"}'
+                                              if k == 0 and layer == 0 else None)
+                axes[row][0].set_ylabel(name, fontsize=8)
+            gamma = torch.tensor([e['gamma'] for e in log]).mean(-1)  # [evals, layers]
+            for layer in range(n_layer):
+                axes[-1][layer].plot([e['tokens'] / 1e6 for e in log], gamma[:, layer].tolist(), lw=1,
+                                     color=f'C{color}', alpha=0.8)
+    axes[-1][0].set_ylabel('mean γ of the layer', fontsize=8)
+    for layer in range(n_layer):
+        axes[0][layer].set_title(f'layer {layer}', fontsize=9)
+        axes[-1][layer].set_xlabel('tokens seen (millions)')
+        axes[-1][layer].axhline(0, color='black', lw=0.6)
+    axes[0][-1].text(0.5, 0.5, 'the last layer\nhas no next layer', ha='center', va='center', fontsize=8,
+                     transform=axes[0][-1].transAxes)
+    axes[0][-1].set_yticks([])
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(f'{title}: connection-walk geometry during training (solid: attention part, dashed: full operator)',
+                 fontsize=10)
+    return save(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------- one or more runs
@@ -104,7 +290,7 @@ def compare_runs(runs, reports, out):
         rows.append(f"| {r['name']} | {r['config']['operator']} | {r['iter']} | {final:.4f} | {final - first:+.4f} "
                     f"| {best:.4f} | {occupancy} |")
     rows.append("\nOne run per variant: a difference means something only against the seed-to-seed spread of the "
-                "same setting; train several seeds (sweep.py) before reading a sign into it.")
+                "same setting; train several seeds (python -m lab.sweep) before reading a sign into it.")
     text = '\n'.join(rows)
     with atomic_write(os.path.join(out, 'summary.md')) as f:
         f.write('# Runs compared\n\n' + text + '\n')
@@ -114,8 +300,8 @@ def compare_runs(runs, reports, out):
 # ---------------------------------------------------------------------------------------------- command line
 
 def main(argv):
-    if '--diagnostics' in argv:  # its old name for walk.py: say where it went rather than import another tool
-        raise UserError("the connection-walk diagnostics are their own command now: python walk.py "
+    if '--diagnostics' in argv:  # its old name for lab/walk.py: say where it went rather than import another tool
+        raise UserError("the connection-walk diagnostics are their own command now: python -m lab.walk "
                         + ' '.join(a for a in argv if a != '--diagnostics'))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('runs', nargs='+', help='run folders written by train.py')

@@ -17,11 +17,14 @@ import torch
 from model import GPT, OPERATOR_KEYS, GPTConfig, gamma_delta, in_corridor
 
 
+REPO = os.path.dirname(os.path.abspath(__file__))  # the checkout: configs/, train.py, prepare.py sit here
+
+
 def transformers_side():
-    """walk_hf, the module for pretrained transformers models, imported only when one is asked for: it imports this
-    module (so not at the top) and, through it, transformers (seconds)."""
-    import walk_hf
-    return walk_hf
+    """lab/hf.py, the module for pretrained transformers models, imported only when one is asked for: the one place
+    the core reaches into the lab (lab/hf.py imports this module, and through it transformers, which takes seconds)."""
+    from lab import hf
+    return hf
 
 
 class UserError(Exception):
@@ -77,6 +80,10 @@ def parse_config(defaults, argv, optional=(), hints=None):
         config[key] = _checked(key, value, defaults[key], optional)
 
     for arg in argv:
+        if arg in ('-h', '--help'):  # the script's own docstring, then every key with its default
+            print((sys.modules['__main__'].__doc__ or '').strip() + '\n\nkeys (config files or --key=value), with '
+                  'their defaults:\n' + '\n'.join(f'  {key}={value!r}' for key, value in defaults.items()))
+            sys.exit(0)
         if arg.startswith('--'):
             key, eq, text = arg[2:].partition('=')
             if not eq:
@@ -123,7 +130,7 @@ def gpt2_encoding():
 
 class TextCodec(NamedTuple):
     """How a model reads text: its content tokens, and the special tokens its tokenizer puts around a sequence
-    (walk.py samples sequences with it; walk_hf.py builds one for each Hugging Face tokenizer)."""
+    (lab/walk.py samples sequences with it; lab/hf.py builds one for each Hugging Face tokenizer)."""
     encode: Callable          # text -> token ids, no special tokens
     prefix: tuple = ()        # e.g. BERT's [CLS], Llama's <|begin_of_text|>
     suffix: tuple = ()        # e.g. BERT's [SEP]
@@ -275,7 +282,7 @@ def load_checkpoint(path, map_location='cpu', mmap=False):
 
 def model_from_checkpoint(ckpt, **overrides):
     """The model a checkpoint holds (weights loaded, train mode): our GPT, or a pretrained model rebuilt from its
-    source (walk_hf.PretrainedLM, or GPT-2). overrides: GPTConfig keys that carry no weights (dropout,
+    source (lab.hf.PretrainedLM, or GPT-2). overrides: GPTConfig keys that carry no weights (dropout,
     operator_lr_mult). A checkpoint of weights='operator' (train.py --train_only=operator) holds only the operator's
     scalars; the frozen weights come from the source again."""
     args = {**ckpt['model_args'], **overrides}
@@ -356,7 +363,7 @@ def occupancy_report(gamma, delta):
 
 
 GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
-HF_ONLY_NAMES = ('all-MiniLM-L6-v2', 'smollm2-135m', 'gemma3-270m')  # walk_hf's packaged models: not GPT-2s
+HF_ONLY_NAMES = ('all-MiniLM-L6-v2', 'smollm2-135m', 'gemma3-270m')  # lab/hf.py's packaged models: not GPT-2s
 
 
 def is_gpt2(source):
@@ -372,7 +379,7 @@ def is_gpt2(source):
 
 def load_model(source, **overrides):
     """(model, meta) from a run folder (its ckpt.pt), OpenAI's GPT-2 (a name or a local transformers folder) as our
-    GPT, or another pretrained causal LM (walk_hf.PretrainedLM: a packaged model, a .gguf file, a transformers folder
+    GPT, or another pretrained causal LM (lab.hf.PretrainedLM: a packaged model, a .gguf file, a transformers folder
     or hub name); meta names the tokenizer as a dataset's meta.json does. overrides: GPTConfig keys that carry no
     weights (dropout and, for a pretrained model, the operator keys)."""
     if is_gpt2(source):
@@ -383,7 +390,7 @@ def load_model(source, **overrides):
     hub_name = re.fullmatch(r'[\w.-]+/[\w.-]+', source) and not os.path.exists(source)
     pretrained = source.endswith('.gguf') or source in HF_ONLY_NAMES or hub_name or \
         os.path.isfile(os.path.join(source, 'config.json')) and not os.path.isfile(os.path.join(source, 'ckpt.pt'))
-    if pretrained:  # a transformers causal LM (walk_hf.py); the keys that carry no weights are the operator's
+    if pretrained:  # a transformers causal LM (lab/hf.py); the keys that carry no weights are the operator's
         return transformers_side().load_pretrained(source, **{k: v for k, v in overrides.items() if k != 'dropout'})
     if not os.path.isdir(source):
         raise UserError(f"no run folder {source!r} (a folder train.py wrote, a GPT-2 name: {', '.join(GPT2_NAMES)}, "
@@ -437,7 +444,7 @@ def sdpa_backend(name, device, dtype, head_size):
 
 
 # Dense peak FLOP/s (without 2:4 sparsity, half the data sheets' starred figures) of NVIDIA's data sheets:
-# bf16/fp16 tensor cores, and TF32 for float32 (train.py and bench.py turn TF32 on). Matched in order against
+# bf16/fp16 tensor cores, and TF32 for float32 (train.py and lab/bench.py turn TF32 on). Matched in order against
 # torch.cuda.get_device_name(), e.g. 'NVIDIA H100 80GB HBM3', 'NVIDIA H100 NVL', 'NVIDIA H200 NVL': the PCIe and
 # NVL cards come before the SXM parts whose names they contain.
 PEAK_FLOPS = {

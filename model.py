@@ -368,7 +368,7 @@ class GPT(nn.Module):
 
 def next_token(logits, temperature, top_k, generator):
     """[B, 1] tokens drawn from logits [B, vocab] at this temperature (0: greedy) among the top_k likeliest (None:
-    all); GPT.generate and a pretrained model's (walk_hf.PretrainedLM) share it."""
+    all); GPT.generate and a pretrained model's (lab.hf.PretrainedLM) share it."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits / temperature
@@ -476,7 +476,7 @@ class CorridorProjection(torch.autograd.Function):
     get scaled in the pass that copies them into c_attn's gradient anyway, where Inductor (Triton) also adds the
     c_I term, recomputes the sum and sums dL/dc. Compiled on a GPU, the corridor then costs two passes over
     [B, T, C] tensors more than attention: forward, read V, Y and write the sum; backward, read dL/dsum, V, Y and
-    write the sum again. bench.py counts it from Inductor's kernels.
+    write the sum again. lab/bench.py counts it from Inductor's kernels.
 
     The coefficients stay float32 under autocast: in bf16, δ near 1 moves in steps of 0.4 %, and dL/dc sums
     B·T·head_size products (786k per head at GPT-2 size), the largest gradients of the model, which float16
@@ -527,7 +527,7 @@ def coefficient_grad(grad, x, c):
 class OperatorSum(torch.autograd.Function):
     """c_I·V + c_P·Y, the operator alone (no projection after it), for V, Y [B, T, n_head, head_size] and c
     [n_head, 1]: in the activations' dtype, dL/dc accumulated in the c's, as in CorridorProjection. A pretrained
-    model's attention (walk_hf.apply_operator) applies its operator through it."""
+    model's attention (lab.hf.apply_operator) applies its operator through it."""
 
     @staticmethod
     def forward(ctx, v, y, c_I, c_P):

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from common import UserError, WriteFailed, describe_os_error, gpt2_encoding, main_guard, storage_error
+from common import UserError, WriteFailed, describe_os_error, gpt2_encoding, main_guard, storage_error, transformers_side
 
 SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
 # OpenWebText: the Hugging Face hub's parquet export of Skylion007/openwebtext (the original repository is a loading
@@ -74,16 +74,16 @@ def token_dtype(vocab_size):
 
 
 def model_tokenizer(source):
-    """(encode, vocab_size, meta entries) for a pretrained model's own tokenizer (walk_hf.py loads it)."""
-    import walk_hf  # here, not at the top: it imports torch and transformers, which the other datasets never need
-    tokenizer = walk_hf.load_tokenizer(source)
+    """(encode, vocab_size, meta entries) for a pretrained model's own tokenizer (lab/hf.py loads it)."""
+    hf = transformers_side()  # here, not at the top: it imports torch and transformers, which the other datasets never need
+    tokenizer = hf.load_tokenizer(source)
     vocab_size = max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
 
     def encode(text):  # line by line: a progress bar, and no single 1 MB call
         lines = text.splitlines(keepends=True)
         return [i for line in tqdm(lines, desc='tokenizing', unit='line', mininterval=1, leave=False)
                 for i in tokenizer(line, add_special_tokens=False)['input_ids']]
-    meta = dict(tokenizer_source=source, tokenizer_fingerprint=walk_hf.tokenizer_fingerprint(tokenizer))
+    meta = dict(tokenizer_source=source, tokenizer_fingerprint=hf.tokenizer_fingerprint(tokenizer))
     if tokenizer.eos_token_id is not None:
         meta['eot_token'] = tokenizer.eos_token_id
     return encode, vocab_size, meta

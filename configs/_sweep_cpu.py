@@ -1,4 +1,4 @@
-# Base of every CPU-scale run of sweep.py (not a run by itself; sweep.py sets dataset, size, budget, variant,
+# Base of every CPU-scale run of lab/sweep.py (not a run by itself; lab/sweep.py sets dataset, size, budget, variant,
 # seed and out_dir): the shakespeare_char model with a budget that trains 8 variants × 3 seeds in under an hour
 # on 2 CPU cores, 1,200 iterations × 768 tokens ≈ 0.92M tokens per run. Validation uses 50 fixed batches (38k
 # tokens, the same for every variant of a seed), so the differences between variants pair up cleanly by seed.

@@ -6,7 +6,7 @@
 #   python train.py configs/gpu_pretrained.py --learn_gamma=False --out_dir=out-qwen-delta   # the δ-only control
 #   python train.py configs/gpu_pretrained.py --train_only=all --learning_rate=2e-5 --min_lr=2e-6 --max_iters=60 \
 #       --lr_decay_iters=60 --out_dir=out-qwen-full                # full fine-tuning, the operator included
-#   python sweep.py --study=pretrained --gpu=True --plan=True      # all of it as a study: runs and estimated hours
+#   python -m lab.sweep --study=pretrained --gpu=True --plan=True      # all of it as a study: runs and estimated hours
 # A hub name needs network once; offline, pass a local folder (and prepare with the same --tokenizer=FOLDER).
 init_from = 'Qwen/Qwen2.5-0.5B'
 train_only = 'operator'

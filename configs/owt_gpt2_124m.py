@@ -2,7 +2,7 @@
 # 10,000 iterations ≈ 4.9B tokens. Prepare the data first: python prepare.py openwebtext
 #   python train.py configs/owt_gpt2_124m.py --operator=corridor --out_dir=out-owt-124m-corridor
 #   torchrun --standalone --nproc_per_node=8 train.py configs/owt_gpt2_124m.py --operator=corridor   # 8 GPUs
-# sweep.py --study=NAME --gpu=True runs the paper's studies from this config.
+# lab/sweep.py --study=NAME --gpu=True runs the paper's studies from this config.
 out_dir = 'out-owt-124m'
 dataset = 'openwebtext'
 compile = True

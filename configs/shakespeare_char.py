@@ -2,7 +2,7 @@
 #   python train.py configs/shakespeare_char.py --operator=corridor --out_dir=out-shakespeare-char-corridor
 # (train.py runs `python prepare.py shakespeare_char` first when data/shakespeare_char is missing; offline, prepare
 # it yourself from a local copy: python prepare.py shakespeare_char --input path/to/tinyshakespeare.txt)
-# Any operator of model.py's table is one --operator=... (and its keys) away; sweep.py's VARIANTS names the
+# Any operator of model.py's table is one --operator=... (and its keys) away; lab/sweep.py's VARIANTS names the
 # paper's ablations.
 out_dir = 'out-shakespeare-char'
 dataset = 'shakespeare_char'

@@ -7,7 +7,7 @@
 #   python prepare.py wikitext2 --tokenizer=smollm2-135m
 #   python train.py configs/smollm2_operator.py                          # the corridor, γ and δ learn
 #   python train.py configs/smollm2_operator.py --learn_gamma=False --out_dir=out-smollm2-delta   # δ only
-# The study (python sweep.py --study=pretrained) trains from this config corridor, δ only, γ ≥ 0 (gamma_nonneg),
+# The study (python -m lab.sweep --study=pretrained) trains from this config corridor, δ only, γ ≥ 0 (gamma_nonneg),
 # a fixed γ with δ learned (fixed_gamma_delta), α0·I + α1·P and αP + β(I − P), 4 data-order seeds each, and first
 # evaluates the frozen model at fixed γ, δ = 1 on the evaluation batches of seed 0 (no training: nothing would learn).
 # The curve's forward passes took 10-25 s a batch on the shared cores: 25 min for its 6 × 20 batches.

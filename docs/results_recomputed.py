@@ -1,6 +1,6 @@
 """
 The README's CPU results recomputed from the summaries it states (mean and SD of the paired differences, seeds per
-cell) with sweep.py's statistics: 95 % CI, paired-t p, Holm p within each study's families, MDE at 80 % power.
+cell) with lab/stats.py: 95 % CI, paired-t p, Holm p within each study's families, MDE at 80 % power.
 The run folders were never committed, so the stated (rounded) summaries are all there is: p-values from a
 4-decimal SD are approximate where the SD is 0.0001–0.0006.
 
@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import atomic_write  # noqa: E402
-from sweep import fmt_p, holm, summary_test, t_quantile  # noqa: E402
+from lab.stats import fmt_p, holm, summary_test, t_quantile  # noqa: E402
 
 TS, WT = 'Tiny Shakespeare', 'WikiText-2 (char)'
 
@@ -132,7 +132,7 @@ def main():
         out.append(f"| {variant}: {part} | {diagnostic}, {regime} | {corpus} | {mean:+.3g} ± {sd:.2g} | "
                    f"[{t.low:+.3g}, {t.high:+.3g}] | {fmt_p(t.p)} | {fmt_p(bound)} | {words} |")
     out += ['', "The correlations with γ (r = +0.97 / +0.99, −0.92 / −0.93) pooled evaluations and seeds with the "
-            "shared start; they cannot be recomputed from the README: `python sweep.py --study=geometry "
+            "shared start; they cannot be recomputed from the README: `python -m lab.sweep --study=geometry "
             "--report_only=True` on the runs gives per-run slopes and one point per run.", '',
             "## Claim (b): a share of heads per seed, not a paired difference: its 3-seed table (`--study=gamma_dynamics`) "
             "is in studies.md.", '']

@@ -53,11 +53,19 @@ def pytest_collection_modifyitems(config, items):
 
 
 def run_script(script, *args, cwd, env=None):
-    """Run one of the repo's scripts as a user would; returns the CompletedProcess (text, not raising)."""
+    """Run one of the repo's commands as a user would: a top-level script by its file ('train.py'), a lab tool by its
+    module ('lab.walk': `python -m lab.walk`, the checkout on the path as running it from the root puts it there);
+    returns the CompletedProcess (text, not raising)."""
     import subprocess
     import sys
-    return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=600)
+    env = {**os.environ, **(env or {})}
+    if script.endswith('.py'):
+        command = [str(REPO / script)]
+    else:
+        command = ['-m', script]
+        env['PYTHONPATH'] = os.pathsep.join(filter(None, (str(REPO), env.get('PYTHONPATH'))))
+    return subprocess.run([sys.executable, *command, *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=600)
 
 
 def assert_one_line_error(result, *fragments):

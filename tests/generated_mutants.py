@@ -6,7 +6,7 @@ tests/mutants.py, nobody chose these mutants: TARGETS chooses where, the AST wal
 
     python tests/generated_mutants.py --list                     # every generated mutant, nothing run
     python tests/generated_mutants.py --jobs 2 --json mut.json   # run them all (about an hour on 2 shared cores)
-    python tests/generated_mutants.py --file probe.py            # one core file's mutants
+    python tests/generated_mutants.py --file lab/probe.py           # one core file's mutants
     python tests/generated_mutants.py --rerun mut.json           # only the survivors of an earlier run
 
 The mutations (per AST node of a target): a binary operator swapped (+ -, * /, // /, % /, ** *, @ *), a comparison
@@ -70,7 +70,7 @@ TARGETS = [
     ('train.py', 'get_lr', None, TRAIN_QUICK),
     ('train.py', 'estimate_loss', None, TRAIN_EVAL),
     # the loop: the learning rate set per group, the evaluation's bookkeeping, one optimizer step
-    ('train.py', 'train', ('lr = get_lr(iter_num, cfg)', 'at_eval and not logged_before_the_stop'), TRAIN_LOOP),
+    ('train.py', 'train', ('lr = get_lr(iter_num, cfg)', 'if at_eval and not (resumed and iter_num == start_iter)'), TRAIN_LOOP),
     ('train.py', 'train', ("improved = losses['val'] < progress['best_val_loss']",
                            "progress['best_val_loss'] = min("), TRAIN_QUICK),
     ('train.py', 'train', ("offsets = data.offsets('train', cfg.gradient_accumulation_steps",
@@ -78,10 +78,10 @@ TARGETS = [
     ('train.py', 'checkpoint_state', None, TRAIN_RESUME),
     ('train.py', 'restore_state', None, TRAIN_RESUME),
     ('sample.py', 'main', ("device = cfg['device']", "print('---------------')"), ('tests/test_sample.py',)),
-    ('probe.py', 'sequences', None, ('tests/test_probe.py',)),
-    ('probe.py', 'probe', None, ('tests/test_probe.py',)),
-    ('probe.py', 'compare', None, ('tests/test_probe.py',)),
-    ('probe.py', 'main', ('mean, se = grads.mean(0)', 't = mean / se.clamp_min'), ('tests/test_probe.py',)),
+    ('lab/probe.py', 'sequences', None, ('tests/test_probe.py',)),
+    ('lab/probe.py', 'probe', None, ('tests/test_probe.py',)),
+    ('lab/probe.py', 'compare', None, ('tests/test_probe.py',)),
+    ('lab/probe.py', 'main', ('mean, se = grads.mean(0)', 't = mean / se.clamp_min'), ('tests/test_probe.py',)),
 ]
 
 # survivors triaged as equivalent, by key: 'file|the line, stripped|the mutation|its occurrence among equal ones'
@@ -139,9 +139,9 @@ EQUIVALENT = {
         'another reseed, still distinct per rank (a DDP resume with dropout is documented as not exact)',
     "train.py|torch.manual_seed(cfg.seed + rank + 7919 * progress['iter_num'])  # (a DDP resume with dropout: not exact)|7919 -> 7920|0":
         'another reseed, still distinct per rank (a DDP resume with dropout is documented as not exact)',
-    "probe.py|for window in tqdm(windows, desc='probe', unit='seq', leave=False):|False -> True|0":
+    "lab/probe.py|for window in tqdm(windows, desc='probe', unit='seq', leave=False):|False -> True|0":
         "tqdm's leave= is display only",
-    'probe.py|clear = t.flatten().abs() > 2|Gt -> GtE|0':
+    'lab/probe.py|clear = t.flatten().abs() > 2|Gt -> GtE|0':
         'differs only for |t| exactly 2',
 }
 

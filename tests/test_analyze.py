@@ -10,7 +10,7 @@ import analyze
 from common import read_log, save_checkpoint
 from conftest import assert_one_line_error, run_script
 from model import GPT, GPTConfig
-from plots import walk_series
+from analyze import walk_series
 
 # layer 0 holds both boundaries: γ = −1 counts as "below", γ = 0 as "above", neither in the corridor
 GAMMA = [[-1.0, 0.0, -0.5, 0.3], [-0.2, -0.9, -1.5, -0.99], [-0.1, -0.3, -0.6, -0.7]]
@@ -129,8 +129,8 @@ def test_bad_input_is_one_line(tmp_path):
     assert_one_line_error(run_script('analyze.py', 'nowhere', cwd=tmp_path), "no run folder 'nowhere'")
     (tmp_path / 'empty').mkdir()
     assert_one_line_error(run_script('analyze.py', 'empty', cwd=tmp_path), 'no checkpoint at')
-    assert_one_line_error(run_script('analyze.py', '--diagnostics', 'empty', cwd=tmp_path),  # walk.py's old name
-                          "python walk.py empty")
+    assert_one_line_error(run_script('analyze.py', '--diagnostics', 'empty', cwd=tmp_path),  # lab/walk.py's old name
+                          "python -m lab.walk empty")
 
 
 def test_a_run_with_walk_geometry_gets_its_plot_and_the_series_read_back_exactly(trained_run, tmp_path):

@@ -1,4 +1,4 @@
-"""bench.py runs end to end at a tiny size and reports every measurement (no timing assertions)."""
+"""lab/bench.py runs end to end at a tiny size and reports every measurement (no timing assertions)."""
 
 import json
 import math
@@ -6,12 +6,12 @@ from contextlib import nullcontext
 
 import torch
 
-import bench
+from lab import bench
 from conftest import REPO, run_script
 
 
 def test_bench_tiny_preset_runs_end_to_end(tmp_path):
-    result = run_script('bench.py', '--preset', 'tiny', '--device', 'cpu', '--out_dir', tmp_path / 'out', cwd=tmp_path)
+    result = run_script('lab.bench', '--preset', 'tiny', '--device', 'cpu', '--out_dir', tmp_path / 'out', cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     # the headline comes right after the training table (a run cut short keeps it), and again as the last line
@@ -92,27 +92,27 @@ def test_baseline_times_another_model_py_beside_this_one(tmp_path):
     code keeps identical activations, and a revision that is neither a file nor in git is one line."""
     copy = tmp_path / 'model_copy.py'
     copy.write_text((REPO / 'model.py').read_text())
-    result = run_script('bench.py', '--preset', 'tiny', '--device', 'cpu', '--out_dir', tmp_path, '--baseline', copy,
+    result = run_script('lab.bench', '--preset', 'tiny', '--device', 'cpu', '--out_dir', tmp_path, '--baseline', copy,
                         '--skip', 'epilogue,train_runs,paths,kv_cache,walk', cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert 'against the baseline model.py' in result.stdout
     for entry in json.loads((tmp_path / 'bench_tiny.json').read_text())['training'].values():
         assert entry['memory_vs_baseline'] == 1.0 and entry['throughput_vs_baseline'] > 0
-    bad = run_script('bench.py', '--preset', 'tiny', '--baseline', 'no-such-revision', cwd=tmp_path)
+    bad = run_script('lab.bench', '--preset', 'tiny', '--baseline', 'no-such-revision', cwd=tmp_path)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
         "error: --baseline 'no-such-revision' is neither a file nor a git revision with a model.py"]
 
 
 def test_self_check_runs_each_part_in_its_own_process_and_summarises_it(tmp_path):
-    """bench.py --check at tiny sizes on CPU: a line per part (the CUDA-only ones SKIP), check_summary.txt beside."""
+    """lab/bench.py --check at tiny sizes on CPU: a line per part (the CUDA-only ones SKIP), check_summary.txt beside."""
     parts = 'environment,walk_and_math_path,cached_sampler,cuda_rng'
-    result = run_script('bench.py', '--check', parts, '--small', '--device', 'cpu', '--out_dir', tmp_path, cwd=tmp_path)
+    result = run_script('lab.bench', '--check', parts, '--small', '--device', 'cpu', '--out_dir', tmp_path, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = (tmp_path / 'check_summary.txt').read_text().splitlines()
     assert [line.split()[:2] for line in summary] == [['PASS', 'environment'], ['PASS', 'walk_and_math_path'],
                                                       ['PASS', 'cached_sampler'], ['SKIP', 'cuda_rng']]
     assert 'walk geometry 0.0e+00' in summary[1]  # the same computation on the same device: identical
-    bad = run_script('bench.py', '--check', 'environment,warp_drive', cwd=tmp_path)
+    bad = run_script('lab.bench', '--check', 'environment,warp_drive', cwd=tmp_path)
     assert bad.returncode == 1 and 'unknown --check part(s) warp_drive' in bad.stderr
 
 

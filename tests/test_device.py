@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-import connection
+from lab import connection
 from model import OPERATORS, GPT, CorridorProjection, GPTConfig, OperatorSum
 
 META = torch.device('meta')
@@ -88,20 +88,20 @@ def test_the_walk_measures_with_tf32_off_and_restores_the_setting():
 @pytest.mark.parametrize('operator', ['attention', 'corridor'])
 def test_a_pretrained_models_operator_runs_on_its_device(operator):
     """PretrainedLM moved to the device: every layer's (c_I, c_P) there, and the operator transformers calls after
-    its own attention (walk_hf.apply_operator) computes there, forward and backward. (transformers' own mask code
+    its own attention (hf.apply_operator) computes there, forward and backward. (transformers' own mask code
     reads tensor values, which meta tensors don't have, so the model's whole forward is not run here.)"""
     pytest.importorskip('transformers')
-    import walk_hf
-    from test_walk_hf import tiny_causal_lm, with_operator
+    from lab import hf
+    from test_hf import tiny_causal_lm, with_operator
     keys = dict(gamma_init=-0.2) if operator == 'corridor' else {}
     model = with_operator(tiny_causal_lm('llama'), operator=operator, **keys).float().to(META)
     B, H, n_kv, T, d_h = 2, 4, 2, 6, 8  # the tiny Llama's 4 query heads on 2 KV heads
-    for attn in walk_hf.attention_modules(model.lm):
+    for attn in hf.attention_modules(model.lm):
         assert_on(META, *attn.coefficients())
         query = torch.randn(B, H, T, d_h, device=META)
         value = torch.randn(B, n_kv, T, d_h, device=META, requires_grad=True)
         pv = torch.randn(B, T, H, d_h, device=META, requires_grad=True)
-        out = walk_hf.apply_operator(attn, pv, query, value)
+        out = hf.apply_operator(attn, pv, query, value)
         out.sum().backward()
         assert_on(META, out, value.grad, pv.grad)
     assert_on(META, *(p.grad for p in model.operator_parameters()))
@@ -111,7 +111,7 @@ def test_operator_only_training_state_restores_onto_the_device():
     """train_only='operator': the checkpoint's scalars and Adam moments land on the model's device, and a step runs."""
     pytest.importorskip('transformers')
     from types import SimpleNamespace
-    from test_walk_hf import tiny_causal_lm, with_operator
+    from test_hf import tiny_causal_lm, with_operator
     from train import freeze_all_but_the_operator, saved_weights
 
     def operator_only():
@@ -213,7 +213,7 @@ def test_bf16_fast_path_stays_close_to_the_float64_math_path():
 
 @pytest.mark.parametrize('name, expected', [('math', ['math']), ('flash', ['flash'])])
 def test_sdpa_backend_runs_only_the_chosen_kernel(name, expected):
-    from bench import sdpa_kernels
+    from lab.bench import sdpa_kernels
     from common import sdpa_backend
     model = tiny('corridor')
     idx = torch.randint(0, 32, (2, 8))

@@ -1,4 +1,4 @@
-"""probe.py: ∂L/∂γ at γ = 0, δ = 1 of every head, as a finite difference of the same loss gives it; heatmaps and
+"""lab/probe.py: ∂L/∂γ at γ = 0, δ = 1 of every head, as a finite difference of the same loss gives it; heatmaps and
 tables; a corridor run's learned γ beside it; bad input is one line."""
 
 import json
@@ -8,7 +8,7 @@ import torch
 
 from common import load_model
 from conftest import assert_one_line_error, run_script
-from probe import corridor_at_the_model, probe, sequences
+from lab.probe import corridor_at_the_model, probe, sequences
 
 
 def test_the_probe_is_the_derivative_of_the_loss_in_gamma_at_the_model(trained_run, tiny_data_root):
@@ -33,7 +33,7 @@ def test_the_probe_is_the_derivative_of_the_loss_in_gamma_at_the_model(trained_r
 
 
 def test_the_probe_cli_writes_tables_heatmaps_and_the_comparison(trained_run, tiny_data_root, tmp_path):
-    result = run_script('probe.py', trained_run, '--dataset=tiny', f'--data_root={tiny_data_root}', '--n_seqs=6',
+    result = run_script('lab.probe', trained_run, '--dataset=tiny', f'--data_root={tiny_data_root}', '--n_seqs=6',
                         '--seq_len=24', f'--compare={trained_run}', f'--out={tmp_path / "p"}', '--device=cpu',
                         cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -48,9 +48,9 @@ def test_the_probe_cli_writes_tables_heatmaps_and_the_comparison(trained_run, ti
 
 
 def test_probe_bad_input_is_one_line(trained_run, tiny_data_root, tmp_path):
-    result = run_script('probe.py', trained_run, '--dataset=missing', f'--data_root={tiny_data_root}', cwd=tmp_path)
+    result = run_script('lab.probe', trained_run, '--dataset=missing', f'--data_root={tiny_data_root}', cwd=tmp_path)
     assert_one_line_error(result, 'no prepared data at')
-    result = run_script('probe.py', trained_run, '--dataset=tiny', f'--data_root={tiny_data_root}', '--seq_len=999',
+    result = run_script('lab.probe', trained_run, '--dataset=tiny', f'--data_root={tiny_data_root}', '--seq_len=999',
                         cwd=tmp_path)
     assert_one_line_error(result, "exceeds the model's 32 positions")
 
@@ -62,7 +62,7 @@ def test_the_probe_standard_error_is_the_spread_of_per_sequence_gradients_over_r
     import math
     import statistics
     n = 6
-    result = run_script('probe.py', trained_run, '--dataset=tiny', f'--data_root={tiny_data_root}', f'--n_seqs={n}',
+    result = run_script('lab.probe', trained_run, '--dataset=tiny', f'--data_root={tiny_data_root}', f'--n_seqs={n}',
                         '--seq_len=24', '--seed=3', f'--out={tmp_path / "p"}', '--device=cpu', cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     saved = json.loads((tmp_path / 'p' / 'probe.json').read_text())
@@ -84,7 +84,7 @@ def test_compare_correlates_the_push_minus_dL_dgamma_with_the_learned_gamma(monk
     went where the gradient pushed gives r > 0), and the share of |t| > 2 heads whose γ moved the way −∂L/∂γ points."""
     import statistics
     from scipy import stats
-    import probe as probe_module
+    from lab import probe as probe_module
     mean = torch.tensor([[0.5, -0.2, 0.1], [-0.4, 0.3, 0.05]], dtype=torch.float64)
     t = torch.tensor([[3.0, -2.5, 1.0], [-4.0, 2.2, 0.5]], dtype=torch.float64)
     learned = torch.tensor([[-0.3, 0.1, -0.2], [0.25, 0.02, 0.01]])  # (1, 1): clear, but moved against its push

@@ -1,5 +1,5 @@
 """README.md and docs/*.md: every command names a script and config files that exist and passes train.py,
-sample.py and sweep.py only keys (and value types) they take; every relative link and image points to a file that
+sample.py and lab/sweep.py only keys (and value types) they take; every relative link and image points to a file that
 exists, and every #anchor to a heading there. Cheap (no command is run): what running them would catch first."""
 
 import re
@@ -12,13 +12,13 @@ from common import UserError, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / 'README.md', *sorted((REPO / 'docs').glob('*.md'))]
-CONFIGURED = ('train.py', 'sample.py', 'sweep.py')  # the scripts that take nanoGPT's --key=value configurator
+CONFIGURED = ('train.py', 'sample.py', 'lab/sweep.py')  # the scripts that take nanoGPT's --key=value configurator
 
 
 def defaults_of(script):
     """The script's own DEFAULTS, imported (not re-parsed), so keys it builds at import time count too."""
     import importlib
-    return importlib.import_module(script[:-3]).DEFAULTS
+    return importlib.import_module(script[:-3].replace('/', '.')).DEFAULTS
 
 
 def prose(text):
@@ -50,6 +50,8 @@ def script_call(tokens):
     """(script, its arguments, whether it is run with python/torchrun) of a command, or None."""
     if not tokens:
         return None
+    if tokens[0] in ('python', 'python3') and len(tokens) > 2 and tokens[1] == '-m' and tokens[2].startswith('lab.'):
+        return tokens[2].replace('.', '/') + '.py', tokens[3:], True  # a lab tool: python -m lab.walk is lab/walk.py
     if tokens[0] in ('python', 'python3') and len(tokens) > 1 and tokens[1].endswith('.py'):
         return tokens[1], tokens[2:], True
     if tokens[0] == 'torchrun':
@@ -74,6 +76,9 @@ def problems_in_commands(text, repo=REPO):
         script, args, runs = call
         if runs and not (repo / script).is_file():
             problems.append(f"{command!r}: no script {script}")
+            continue
+        if runs and script.startswith('lab/') and '-m' not in command.split():  # its imports need the root on the path
+            problems.append(f"{command!r}: a lab tool runs as python -m {script[:-3].replace('/', '.')}")
             continue
         if script not in CONFIGURED:
             continue
@@ -132,10 +137,12 @@ def test_the_checks_catch_a_page_with_one_mistake_of_each_kind(tmp_path):
     text = """
 ```bash
 python train.py configs/shakespeare_char.py --n_layr=4           # a typo in a key
-python sweep.py --study=claims -- --max_iter=10 && python nothere.py
+python -m lab.sweep --study=claims -- --max_iter=10 && python nothere.py
+python lab/walk.py gpt2                                             # a lab tool by its file: its imports fail
+python -m lab.nothere
 ```
 Inline: `python sample.py --out_dir=out --top_k=many` and `python train.py configs/missing.py`;
-`sweep.py --seeds=N` in prose may hold a placeholder, `train.py --walk_intervall=N` not a wrong key.
+`lab/sweep.py --seeds=N` in prose may hold a placeholder, `train.py --walk_intervall=N` not a wrong key.
 <!-- `python future.py` in a placeholder is not a command yet -->
 [a link](nowhere.md), ![a figure](docs/none.png), [a heading](#not-here)
 # A heading
@@ -144,15 +151,16 @@ Inline: `python sample.py --out_dir=out --top_k=many` and `python train.py confi
     page.write_text(text)
     problems = problems_in_commands(text) + problems_in_links(text, page)
     assert any("n_layr" in p for p in problems)
-    assert any("max_iter" in p for p in problems)       # train.py's keys after sweep.py's `--`
-    assert any("nothere.py" in p for p in problems)
+    assert any("max_iter" in p for p in problems)       # train.py's keys after lab/sweep.py's `--`
+    assert any("nothere.py" in p for p in problems) and any("lab/nothere.py" in p for p in problems)
+    assert any("python -m lab.walk" in p for p in problems)
     assert any("top_k" in p for p in problems)          # a value of the wrong type
     assert any("configs/missing.py" in p for p in problems)
     assert any("nowhere.md" in p for p in problems) and any("none.png" in p for p in problems)
     assert any("#not-here" in p for p in problems)
     assert any("walk_intervall" in p for p in problems) and not any("seeds" in p for p in problems)
     assert not any("future.py" in p or "#a-heading" in p for p in problems)
-    assert len(problems) == 10, problems  # configs/missing.py: once for the command, once as a named file
+    assert len(problems) == 12, problems  # configs/missing.py: once for the command, once as a named file
 
 
 def test_github_anchors_keep_letters_digits_underscores_and_hyphens():
@@ -180,3 +188,30 @@ def test_every_mutant_of_the_mutation_check_still_finds_its_snippet_once():
     repo = Path(__file__).parents[1]
     counts = {m.name: (repo / m.file).read_text().count(m.original) for m in mutants.MUTANTS}
     assert counts and all(n == 1 for n in counts.values()), {k: n for k, n in counts.items() if n != 1}
+
+
+def unsupported_numbers(readme, root=REPO):
+    """The decimals of each README paragraph (or list item) that links docs pages and that none of those pages
+    contains: a number the README repeats from a page must be the page's (signs aside: − and - vary)."""
+    text = re.sub(r'^[ \t]*```.*?^[ \t]*```', '', prose(readme), flags=re.S | re.M)
+    problems = []
+    for paragraph in re.split(r'\n\s*\n|\n(?=- )', text):
+        pages = {t for t in re.findall(r'\]\((docs/[^)#\s]+\.md)', paragraph)}
+        if not pages:
+            continue
+        sources = ''.join((root / page).read_text() for page in pages)
+        problems += [f"{number} (beside {', '.join(sorted(pages))})" for number in re.findall(r'\d+\.\d+', paragraph)
+                     if number not in sources]
+    return problems
+
+
+def test_every_number_the_readme_repeats_from_a_page_agrees_with_it():
+    assert unsupported_numbers((REPO / 'README.md').read_text()) == []
+
+
+def test_the_number_check_catches_a_number_its_page_does_not_have(tmp_path):
+    (tmp_path / 'docs').mkdir()
+    (tmp_path / 'docs' / 'a.md').write_text('the gain is −0.0031 [−0.0046, −0.0016]\n')
+    readme = ("Intro 0.25 with no link.\n\n- (a) −0.0031 [−0.0046, −0.0016] ([docs/a.md](docs/a.md))\n"
+              "- (b) +0.0030 ([docs/a.md](docs/a.md))\n\n```\n9.99 in code\n```\n")
+    assert unsupported_numbers(readme, tmp_path) == ['0.0030 (beside docs/a.md)']

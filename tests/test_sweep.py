@@ -1,4 +1,4 @@
-"""sweep.py: variants and settings are valid runs, the paired statistics, an ad hoc sweep and a study end to end
+"""lab/sweep.py: variants and settings are valid runs, the paired statistics, an ad hoc sweep and a study end to end
 (shared runs, skipped when finished), every study's figures, the GPU presets on CPU, one-line errors."""
 
 import json
@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-import sweep
+from lab import reports, stats, studies, sweep
 from conftest import REPO, TINY_TRAIN_ARGS, assert_one_line_error, run_script
 from model import GPT, GPTConfig
 
@@ -18,48 +18,48 @@ TINY_RUN = [*TINY_TRAIN_ARGS, '--max_iters=6', '--lr_decay_iters=6', '--eval_int
 
 def test_t_quantiles_match_the_printed_table_and_their_p_is_five_percent():
     for df, table in ((1, 12.706), (2, 4.303), (7, 2.365), (30, 2.042)):  # t_0.975 from any statistics table
-        assert sweep.t_quantile(0.975, df) == pytest.approx(table, abs=5e-4)
-        assert sweep.t_two_sided_p(table, df) == pytest.approx(0.05, abs=2e-4)
+        assert stats.t_quantile(0.975, df) == pytest.approx(table, abs=5e-4)
+        assert stats.t_two_sided_p(table, df) == pytest.approx(0.05, abs=2e-4)
 
 
 def test_t_p_values_match_the_closed_forms_at_one_and_two_degrees_of_freedom():
     for t in (0.3, 1.0, 3.0, 25.0):
-        assert sweep.t_two_sided_p(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), rel=1e-10)  # Cauchy
-        assert sweep.t_two_sided_p(t, 2) == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-10)
-    assert sweep.t_two_sided_p(0.0, 5) == pytest.approx(1.0)
+        assert stats.t_two_sided_p(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), rel=1e-10)  # Cauchy
+        assert stats.t_two_sided_p(t, 2) == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-10)
+    assert stats.t_two_sided_p(0.0, 5) == pytest.approx(1.0)
 
 
 def test_power_and_detectable_effect_match_published_values_and_a_simulation():
     # R's pwr: pwr.t.test(n = 10, d = 1, type = 'paired') gives power 0.8031; d = 0.5 at 80 % needs n = 33.37
-    assert sweep.t_test_power(math.sqrt(10), 9) == pytest.approx(0.8031, abs=2e-4)
-    assert sweep.min_detectable_effect(1.0, 33) > 0.5 > sweep.min_detectable_effect(1.0, 34)
+    assert stats.t_test_power(math.sqrt(10), 9) == pytest.approx(0.8031, abs=2e-4)
+    assert stats.min_detectable_effect(1.0, 33) > 0.5 > stats.min_detectable_effect(1.0, 34)
     # a float64 simulation: 4 pairs, true mean 1.5 SD: how often does |t| exceed t_0.975(3)?
     generator = torch.Generator().manual_seed(0)
     samples = torch.randn(200_000, 4, generator=generator, dtype=torch.float64) + 1.5
     t = samples.mean(1) / (samples.std(1) / 2)
-    simulated = (t.abs() > sweep.t_quantile(0.975, 3)).double().mean().item()
-    assert sweep.t_test_power(1.5 * 2, 3) == pytest.approx(simulated, abs=0.005)
+    simulated = (t.abs() > stats.t_quantile(0.975, 3)).double().mean().item()
+    assert stats.t_test_power(1.5 * 2, 3) == pytest.approx(simulated, abs=0.005)
 
 
 def test_paired_test_by_hand():
     # differences 0.01, 0.04, 0.07: mean 0.04, SD 0.03, SE 0.03/√3, t = 2.309 on 2 df
-    test = sweep.paired_test([0.01, 0.04, 0.07])
+    test = stats.paired_test([0.01, 0.04, 0.07])
     se = 0.03 / math.sqrt(3)
     assert (test.n, test.mean, test.sd) == (3, pytest.approx(0.04), pytest.approx(0.03))
     assert (test.low, test.high) == (pytest.approx(0.04 - 4.303 * se, abs=1e-4), pytest.approx(0.04 + 4.303 * se, abs=1e-4))
     assert test.p == pytest.approx(1 - 2.309401 / math.sqrt(2.309401 ** 2 + 2), rel=1e-5)
-    assert sweep.paired_test([-0.02]).p != sweep.paired_test([-0.02]).p  # one seed: no spread, no p (NaN)
+    assert stats.paired_test([-0.02]).p != stats.paired_test([-0.02]).p  # one seed: no spread, no p (NaN)
 
 
 def test_holm_by_hand_and_verdicts_follow_the_adjusted_p():
     # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> kept monotone: 0.06
-    assert sweep.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert sweep.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
-    lower = sweep.summary_test(-0.0031, 0.0006, 3)  # the README's claim (a) cell: p = 0.012
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    lower = stats.summary_test(-0.0031, 0.0006, 3)  # the README's claim (a) cell: p = 0.012
     assert lower.p == pytest.approx(0.0123, abs=2e-4)
-    assert sweep.verdict(lower, lower.p) == 'lower'
-    assert sweep.verdict(lower, 0.07).startswith('inconclusive, no effect larger than 0.0046')
-    tests = sweep.Tests()
+    assert stats.verdict(lower, lower.p) == 'lower'
+    assert stats.verdict(lower, 0.07).startswith('inconclusive, no effect larger than 0.0046')
+    tests = stats.Tests()
     cells = [tests.add('f', 'a', [-0.031, -0.030, -0.032]), tests.add('f', 'b', [0.01, -0.01, 0.02]),
              tests.add('g', 'c', [-0.031, -0.030, -0.032]), tests.add('f', 'a', [-0.031, -0.030, -0.032])]
     assert cells[0] == cells[3] and tests.add('f', 'd', []) == 'not measured'  # a test shown twice counts once
@@ -71,7 +71,7 @@ def test_holm_by_hand_and_verdicts_follow_the_adjusted_p():
 
 def test_line_fit_by_hand():
     # y = 1 + 2x plus residuals +0.1, −0.2, +0.1 at x = 0, 1, 2: slope 2, SE √(0.06/1 / 2) = 0.1732, t on 1 df
-    slope, low, high, p, n = sweep.line_fit([0, 1, 2], [1.1, 2.8, 5.1])
+    slope, low, high, p, n = stats.line_fit([0, 1, 2], [1.1, 2.8, 5.1])
     assert (slope, n) == (pytest.approx(2.0), 3)
     assert (high - slope) == pytest.approx(12.706 * math.sqrt(0.06 / 2), abs=1e-3)
     assert p == pytest.approx(1 - 2 / math.pi * math.atan(2 / math.sqrt(0.03)), rel=1e-6)
@@ -84,7 +84,7 @@ def differences_with_t(t, n):
     return [t / math.sqrt(n) + scale * x for x in spread]
 
 
-# Student's t quantiles from printed tables (not from sweep.py): two-sided 5 % = t_0.975; one-sided 5 % = t_0.95
+# Student's t quantiles from printed tables (not from lab/sweep.py): two-sided 5 % = t_0.975; one-sided 5 % = t_0.95
 @pytest.mark.parametrize('n,t_975,t_95,t_975_at_n', [(3, 4.303, 2.920, 3.182), (4, 3.182, 2.353, 2.776),
                                                      (8, 2.365, 1.895, 2.306)])
 def test_verdict_flips_just_at_the_two_sided_critical_value_with_n_minus_1_degrees_of_freedom(
@@ -94,52 +94,52 @@ def test_verdict_flips_just_at_the_two_sided_critical_value_with_n_minus_1_degre
     significant. (A family of one: the Holm p is p.)"""
     assert max(t_95, t_975_at_n) < 0.99 * t_975
     for sign, word in ((1, 'higher'), (-1, 'lower')):
-        below = sweep.paired_test(differences_with_t(sign * 0.99 * t_975, n))
-        above = sweep.paired_test(differences_with_t(sign * 1.01 * t_975, n))
-        assert sweep.verdict(below, below.p).startswith('inconclusive') and below.low < 0 < below.high
-        assert sweep.verdict(above, above.p) == word and not above.low < 0 < above.high
-    test = sweep.paired_test(differences_with_t(3.0, n))
+        below = stats.paired_test(differences_with_t(sign * 0.99 * t_975, n))
+        above = stats.paired_test(differences_with_t(sign * 1.01 * t_975, n))
+        assert stats.verdict(below, below.p).startswith('inconclusive') and below.low < 0 < below.high
+        assert stats.verdict(above, above.p) == word and not above.low < 0 < above.high
+    test = stats.paired_test(differences_with_t(3.0, n))
     assert (test.mean, test.sd, test.n) == (pytest.approx(3.0 / math.sqrt(n)), pytest.approx(1.0), n)
 
 
 def test_verdict_beyond_30_degrees_of_freedom_uses_the_exact_quantile():
     """t_0.975(40) = 2.021 (printed table): 2.01 is inconclusive, 2.03 is not."""
     for t, word in ((2.01, 'inconclusive'), (2.03, 'higher')):
-        test = sweep.paired_test(differences_with_t(t, 41))
-        assert sweep.verdict(test, test.p).startswith(word)
+        test = stats.paired_test(differences_with_t(t, 41))
+        assert stats.verdict(test, test.p).startswith(word)
 
 
 def test_variant_specs_carry_values_and_name_each_run_once():
-    assert sweep.parse_variant('fixed_gamma=-0.3') == ('fixed_gamma=-0.3', dict(
+    assert studies.parse_variant('fixed_gamma=-0.3') == ('fixed_gamma=-0.3', dict(
         operator='corridor', gamma_init=-0.3, learn_gamma=False, learn_delta=False))
-    assert sweep.parse_variant('fixed_gamma=-0.5')[0] == 'fixed_gamma'  # the default value: the plain name
-    assert sweep.parse_variant('corridor_lr=10')[0] == 'corridor_lr'
-    assert sweep.parse_variant('laplacian=3')[1] == dict(operator='laplacian', laplacian_heads=3)
-    assert sweep.parse_variant('corridor_spread=0.25')[1]['init_spread'] == 0.25
+    assert studies.parse_variant('fixed_gamma=-0.5')[0] == 'fixed_gamma'  # the default value: the plain name
+    assert studies.parse_variant('corridor_lr=10')[0] == 'corridor_lr'
+    assert studies.parse_variant('laplacian=3')[1] == dict(operator='laplacian', laplacian_heads=3)
+    assert studies.parse_variant('corridor_spread=0.25')[1]['init_spread'] == 0.25
 
 
 def test_every_study_plans_valid_runs_on_cpu_and_gpu(tiny_data_root):
     """Every run of every study, CPU parts and GPU presets, is a config train.py accepts (data: the tiny set)."""
     data = [f'--data_root={tiny_data_root}', '--dataset=tiny']
-    for name, study in sweep.STUDIES.items():
+    for name, study in studies.STUDIES.items():
         for parts in (study.parts, study.gpu_parts):
-            runs = sweep.plan_runs(parts, 'sweeps', sweep.CPU, data)
-            wanted = {(p.setting, sweep.parse_variant(v)[0], seed) for p in parts for v in p.variants
+            runs = sweep.plan_runs(parts, 'sweeps', studies.CPU, data)
+            wanted = {(p.setting, studies.parse_variant(v)[0], seed) for p in parts for v in p.variants
                       for seed in range(p.first_seed, p.first_seed + p.seeds)}  # parts may overlap (more seeds for some variants): one run each
             assert set(runs) == wanted, name
     # the studies share their runs: the small Tiny Shakespeare attention runs serve four of them
-    shared = [name for name, study in sweep.STUDIES.items()
+    shared = [name for name, study in studies.STUDIES.items()
               if any(p.setting == 'shakespeare_char/small' and 'attention' in p.variants for p in study.parts)]
     assert len(shared) >= 2
 
 
 def test_the_replication_uses_seeds_no_other_study_uses(tiny_data_root):
     data = [f'--data_root={tiny_data_root}', '--dataset=tiny']
-    replication = {seed for (_, _, seed) in sweep.plan_runs(sweep.STUDIES['replication'].parts, 'sweeps', sweep.CPU, data)}
+    replication = {seed for (_, _, seed) in sweep.plan_runs(studies.STUDIES['replication'].parts, 'sweeps', studies.CPU, data)}
     assert replication == set(range(100, 108))
-    others = {seed for name, study in sweep.STUDIES.items() if name != 'replication'
+    others = {seed for name, study in studies.STUDIES.items() if name != 'replication'
               for parts in (study.parts, study.gpu_parts)
-              for (_, _, seed) in sweep.plan_runs(parts, 'sweeps', sweep.CPU, data)}
+              for (_, _, seed) in sweep.plan_runs(parts, 'sweeps', studies.CPU, data)}
     assert others and not others & replication
 
 
@@ -160,7 +160,7 @@ def test_ad_hoc_sweep_runs_end_to_end_and_skips_finished_runs(tiny_data_root, tm
     out_root = tmp_path / 'sweep'
     args = ['--variants=attention,corridor,fixed_gamma=-0.3', '--seeds=2', f'--out_root={out_root}', '--parallel=2',
             f'--base={REPO / "configs" / "_sweep_cpu.py"}', '--', *TINY_RUN, f'--data_root={tiny_data_root}']
-    result = run_script('sweep.py', *args, cwd=tiny_data_root)
+    result = run_script('lab.sweep', *args, cwd=tiny_data_root)
     assert result.returncode == 0, result.stderr[-3000:]
     report = (out_root / 'report.md').read_text()
     assert '| attention | 2 |' in report and '| corridor | 2 |' in report and '| fixed_gamma=-0.3 | 2 |' in report
@@ -179,7 +179,7 @@ def test_ad_hoc_sweep_runs_end_to_end_and_skips_finished_runs(tiny_data_root, tm
     for run in ('attention-s0', 'attention-s1', 'corridor-s0', 'corridor-s1'):
         assert json.loads((out_root / run / 'config.json').read_text())['seed'] == int(run[-1])
     before = (out_root / 'corridor-s0' / 'ckpt.pt').stat().st_mtime_ns
-    again = run_script('sweep.py', *args, cwd=tiny_data_root)
+    again = run_script('lab.sweep', *args, cwd=tiny_data_root)
     assert again.returncode == 0 and '6 runs: 6 finished, 0 to train' in again.stdout
     assert (out_root / 'corridor-s0' / 'ckpt.pt').stat().st_mtime_ns == before
 
@@ -187,14 +187,14 @@ def test_ad_hoc_sweep_runs_end_to_end_and_skips_finished_runs(tiny_data_root, tm
 def test_studies_share_runs_and_write_every_figure(tiny_data_root, tmp_path, monkeypatch):
     """Two tiny settings, the variants every study's figures read: trained once, then reported as each study."""
     tiny = dict(dataset='tiny', data_root=str(tiny_data_root))
-    monkeypatch.setitem(sweep.SETTINGS, 'tiny/a', (sweep.CPU, dict(tiny, n_embd=32)))
-    monkeypatch.setitem(sweep.SETTINGS, 'tiny/b', (sweep.CPU, dict(tiny, n_embd=16)))
+    monkeypatch.setitem(studies.SETTINGS, 'tiny/a', (studies.CPU, dict(tiny, n_embd=32)))
+    monkeypatch.setitem(studies.SETTINGS, 'tiny/b', (studies.CPU, dict(tiny, n_embd=16)))
     train_args = [arg for arg in TINY_RUN if not arg.startswith('--n_embd')]  # the settings' own
     variants = ('attention', 'corridor', 'fixed_gamma=-0.3', 'corridor_lr')
-    parts = tuple(sweep.Part(s, variants, 2) for s in ('tiny/a', 'tiny/b'))
+    parts = tuple(studies.Part(s, variants, 2) for s in ('tiny/a', 'tiny/b'))
     for figures in ('claims_figures', 'fixed_gamma_figures', 'scales_figures', 'gamma_dynamics_figures',
                     'geometry_figures'):
-        monkeypatch.setitem(sweep.STUDIES, figures, sweep.Study('a test', parts, (), figures))
+        monkeypatch.setitem(studies.STUDIES, figures, studies.Study('a test', parts, (), figures))
     monkeypatch.chdir(REPO)
     sweep.main(['--study=claims_figures', f'--out_root={tmp_path}', '--parallel=2', '--', *train_args])
     trained = {p: p.stat().st_mtime_ns for p in tmp_path.glob('tiny/*/*/ckpt.pt')}
@@ -236,12 +236,12 @@ def test_studies_share_runs_and_write_every_figure(tiny_data_root, tmp_path, mon
     fixed = (tmp_path / 'fixed_gamma_figures' / 'report.md').read_text().splitlines()
     header = next(line for line in fixed if line.startswith('| setting | γ = '))
     row = next(line for line in fixed if line.startswith('| tiny/a | '))
-    assert row.count(' | ') == header.count(' | ') and row.count('–') == len(sweep.FIXED_GAMMAS) - 1
+    assert row.count(' | ') == header.count(' | ') and row.count('–') == len(studies.FIXED_GAMMAS) - 1
     assert '| δ_orth | initial |' in (tmp_path / 'geometry_figures' / 'report.md').read_text()
 
 
 def test_a_gpu_preset_starts_and_logs_on_cpu_with_tiny_overrides(tiny_data_root, tmp_path):
-    result = run_script('sweep.py', '--study=scales', '--gpu=True', '--seeds=1', f'--out_root={tmp_path}',
+    result = run_script('lab.sweep', '--study=scales', '--gpu=True', '--seeds=1', f'--out_root={tmp_path}',
                         '--parallel=2', '--', *TINY_RUN, f'--data_root={tiny_data_root}', '--dataset=tiny',
                         '--device=cpu', '--compile=False', '--gradient_accumulation_steps=1', cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -261,12 +261,12 @@ def test_a_gpu_preset_starts_and_logs_on_cpu_with_tiny_overrides(tiny_data_root,
     (['--parallel=0'], "parallel must be at least 1"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
-    assert_one_line_error(run_script('sweep.py', f'--out_root={tmp_path}', *args, cwd=REPO), message)
+    assert_one_line_error(run_script('lab.sweep', f'--out_root={tmp_path}', *args, cwd=REPO), message)
     assert not any(tmp_path.iterdir())
 
 
 def test_plan_prints_the_gpu_budget_without_data_or_training(tmp_path):
-    result = run_script('sweep.py', '--study=scales', '--gpu=True', '--plan=True', f'--out_root={tmp_path}', cwd=REPO)
+    result = run_script('lab.sweep', '--study=scales', '--gpu=True', '--plan=True', f'--out_root={tmp_path}', cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith('| openwebtext/')]
     assert [row.split(' | ')[0] for row in rows] == ['| openwebtext/gpt2_30m', '| openwebtext/gpt2_124m',
@@ -288,7 +288,7 @@ def test_plan_counts_parameters_as_the_readme_and_states_which(tmp_path):
     characters (the README's table), and the non-embedding count, 12·L·d² up to biases and layer norms."""
     (tmp_path / 'shakespeare_char').mkdir()
     (tmp_path / 'shakespeare_char' / 'meta.json').write_text(json.dumps(dict(vocab_size=65)))
-    result = run_script('sweep.py', '--study=scales', '--plan=True', f'--out_root={tmp_path / "sweeps"}', '--',
+    result = run_script('lab.sweep', '--study=scales', '--plan=True', f'--out_root={tmp_path / "sweeps"}', '--',
                         f'--data_root={tmp_path}', cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
     assert 'non-embedding: without the token and position embeddings' in result.stdout
@@ -302,19 +302,19 @@ def test_plan_counts_parameters_as_the_readme_and_states_which(tmp_path):
 
 
 def test_gpu_with_variants_plans_gpt2_runs_or_refuses_a_base(tmp_path):
-    result = run_script('sweep.py', '--gpu=True', '--variants=attention,corridor,gamma_nonneg', '--plan=True',
+    result = run_script('lab.sweep', '--gpu=True', '--variants=attention,corridor,gamma_nonneg', '--plan=True',
                         f'--out_root={tmp_path}', cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
     row = plan_rows(result.stdout)['openwebtext/gpt2_124m']
     assert row[1] == '123.59M (50,257)' and row[2].startswith('1.23B') and row[4:6] == ['9', '9 |']
-    assert_one_line_error(run_script('sweep.py', '--gpu=True', '--variants=attention', '--base=configs/_sweep_cpu.py ',
+    assert_one_line_error(run_script('lab.sweep', '--gpu=True', '--variants=attention', '--base=configs/_sweep_cpu.py ',
                                      '--plan=True', f'--out_root={tmp_path}', cwd=REPO), 'drop --base')
-    assert_one_line_error(run_script('sweep.py', '--study=replication', '--gpu=True', '--plan=True',
+    assert_one_line_error(run_script('lab.sweep', '--study=replication', '--gpu=True', '--plan=True',
                                      f'--out_root={tmp_path}', cwd=REPO), 'has no GPU runs')
 
 
 def test_the_ladder_spans_twenty_fold_at_equal_tokens_per_parameter(tmp_path, tiny_data_root):
-    result = run_script('sweep.py', '--study=ladder', '--plan=True', f'--out_root={tmp_path}', cwd=REPO)
+    result = run_script('lab.sweep', '--study=ladder', '--plan=True', f'--out_root={tmp_path}', cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = plan_rows(result.stdout)
     assert len(rows) >= 4
@@ -322,17 +322,17 @@ def test_the_ladder_spans_twenty_fold_at_equal_tokens_per_parameter(tmp_path, ti
     assert max(sizes) / min(sizes) >= 20
     ratios = [float(cells[2].split('(')[1].split()[0]) for cells in rows.values()]
     assert max(ratios) / min(ratios) < 1.1  # equal up to whole multiples of 60 iterations
-    seeds = {p.setting: p.seeds for p in sweep.STUDIES['ladder'].parts}
+    seeds = {p.setting: p.seeds for p in studies.STUDIES['ladder'].parts}
     assert sorted(seeds.values())[1] >= 6 and min(seeds.values()) >= 3
     # tiny overrides after `--` win over a rung's budget, its size stays
-    runs = sweep.plan_runs(sweep.STUDIES['ladder'].parts, 'sweeps', sweep.CPU,
+    runs = sweep.plan_runs(studies.STUDIES['ladder'].parts, 'sweeps', studies.CPU,
                            [f'--data_root={tiny_data_root}', '--dataset=tiny', '--max_iters=6', '--lr_decay_iters=6'])
-    config = sweep.parse_config(sweep.TRAIN_DEFAULTS, runs[('shakespeare_char/ladder-l', 'corridor', 0)][1])
+    config = studies.parse_config(studies.TRAIN_DEFAULTS, runs[('shakespeare_char/ladder-l', 'corridor', 0)][1])
     assert (config['max_iters'], config['n_layer'], config['n_embd'], config['dropout']) == (6, 5, 140, 0.1)
 
 
 def test_claim_b_has_three_seeds_for_the_corridor_and_the_spread_start(tiny_data_root):
-    runs = sweep.plan_runs(sweep.STUDIES['gamma_dynamics'].parts, 'sweeps', sweep.CPU,
+    runs = sweep.plan_runs(studies.STUDIES['gamma_dynamics'].parts, 'sweeps', studies.CPU,
                            [f'--data_root={tiny_data_root}', '--dataset=tiny'])
     for variant in ('attention', 'corridor', 'corridor_spread'):
         assert sum(key[:2] == ('shakespeare_char/small-long', variant) for key in runs) >= 3
@@ -342,15 +342,15 @@ def test_the_replication_report_puts_each_primary_test_beside_the_original_cell(
     finals = {'attention': [2.040, 2.050, 2.030, 2.045], 'corridor': [2.037, 2.046, 2.028, 2.041],
               'gamma_nonneg': [2.041, 2.050, 2.032, 2.045]}
     loaded = {(v, 100 + i): dict(log=[dict(val_loss=x)]) for v, xs in finals.items() for i, x in enumerate(xs)}
-    tests = sweep.Tests()
-    lines = sweep.replication_figures({'shakespeare_char/small': (loaded, {})}, str(tmp_path), tests, 'replication')
+    tests = stats.Tests()
+    lines = reports.replication_figures({'shakespeare_char/small': (loaded, {})}, str(tmp_path), tests, 'replication')
     tests.finish()
     text = tests.fill('\n'.join(lines))
     # corridor − attention: −0.003, −0.004, −0.002, −0.004: mean −0.00325, SD 0.000957, t = −6.79 on 3 df
     a = next(line for line in text.splitlines() if line.startswith('| (a) |'))
     assert '-0.0031 [-0.0046, -0.0016], p 0.012' in a and '-0.00325 [' in a and '**lower**' in a
     assert next(t for t in tests.tests if t['label'].endswith('corridor − attention'))['p'] == pytest.approx(
-        sweep.t_two_sided_p(0.00325 / (0.000957427 / 2), 3), rel=1e-4)
+        stats.t_two_sided_p(0.00325 / (0.000957427 / 2), 3), rel=1e-4)
     assert all(t['family_size'] == 1 for t in tests.tests)  # each claim's primary test alone in its family
 
 
@@ -396,12 +396,12 @@ def fake_study(monkeypatch):
     import matplotlib.figure
     monkeypatch.setattr(matplotlib.figure.Figure, 'savefig', lambda *args, **kwargs: None)  # the tables, not the PNGs
     loaded = {(v, s): fake_run(v, s) for v in FINAL_LOSS for s in range(3)}
-    return {'tiny/a': (loaded, sweep.summarize(loaded, list(FINAL_LOSS)))}
+    return {'tiny/a': (loaded, reports.summarize(loaded, list(FINAL_LOSS)))}
 
 
 def report_of(figures, results, tmp_path, study):
     """A study's figure lines with every test's cell filled in, as report() writes them."""
-    tests = sweep.Tests()
+    tests = stats.Tests()
     lines = figures(results, str(tmp_path), tests, study)
     tests.finish()
     return tests.fill('\n'.join(lines)).splitlines()
@@ -432,7 +432,7 @@ def assert_cell(text, differences, words, family_size=1):
 
 
 def test_claims_report_states_the_paired_differences_and_occupancy(fake_study, tmp_path):
-    lines = report_of(sweep.claims_figures, fake_study, tmp_path, 'claims')
+    lines = report_of(reports.claims_figures, fake_study, tmp_path, 'claims')
     a = next(line for line in lines if line.startswith('- a: learnable δ(γI+P) lowers val loss vs attention: '))
     assert_cell(a, CORRIDOR, '**lower**')
     assert "- b: heads beyond the first layer in −1 < γ < 0: 75% (mean γ -0.343)" in lines
@@ -440,17 +440,17 @@ def test_claims_report_states_the_paired_differences_and_occupancy(fake_study, t
 
 
 def test_fixed_gamma_report_states_each_fixed_gammas_paired_difference(fake_study, tmp_path):
-    row = next(line for line in report_of(sweep.fixed_gamma_figures, fake_study, tmp_path, 'fixed_gamma')
+    row = next(line for line in report_of(reports.fixed_gamma_figures, fake_study, tmp_path, 'fixed_gamma')
                if line.startswith('| tiny/a |'))
     cells = row.strip('| ').split(' | ')
-    assert_cell(cells[1 + sweep.FIXED_GAMMAS.index(-0.3)], [0.01, -0.02, 0.03], 'inconclusive, no effect larger '
+    assert_cell(cells[1 + studies.FIXED_GAMMAS.index(-0.3)], [0.01, -0.02, 0.03], 'inconclusive, no effect larger '
                 'than 0.069')  # the CI's far bound, +0.0067 + 4.303 · 0.01453
-    assert cells.count('–') == len(sweep.FIXED_GAMMAS) - 1
+    assert cells.count('–') == len(studies.FIXED_GAMMAS) - 1
     assert_cell(cells[-1], CORRIDOR, '**lower** (γ̄ -0.343)')
 
 
 def test_scales_report_states_size_difference_and_occupancy(fake_study, tmp_path):
-    rows = [line for line in report_of(sweep.scales_figures, fake_study, tmp_path, 'scales')
+    rows = [line for line in report_of(reports.scales_figures, fake_study, tmp_path, 'scales')
             if line.startswith('| tiny/a |')]
     # non-embedding: 5 blocks of 12·64² weights, 13·64 biases and LayerNorm entries, 4 corridor scalars, + ln_f:
     # 250,068; tokens 4 evaluations × 500k = 2.00M, 8.0 per parameter
@@ -460,7 +460,7 @@ def test_scales_report_states_size_difference_and_occupancy(fake_study, tmp_path
 
 
 def test_gamma_dynamics_report_states_where_gamma_ends_per_seed(fake_study, tmp_path):
-    rows = [line for line in report_of(sweep.gamma_dynamics_figures, fake_study, tmp_path, 'gamma_dynamics')
+    rows = [line for line in report_of(reports.gamma_dynamics_figures, fake_study, tmp_path, 'gamma_dynamics')
             if line.startswith('| tiny/a |')]
     # seed 0: −1 < γ < −0.05 in layer 0 (0.1, −0.2): 50 %, layer 1: 100 %, layer 2 (−0.4, −1.2): 50 %, ...; the last
     # quarter is the last two evaluations, 0.02 apart; the gap to attention 1.90 − 2.00
@@ -474,7 +474,7 @@ def test_gamma_dynamics_report_states_where_gamma_ends_per_seed(fake_study, tmp_
 
 
 def test_geometry_report_states_attentions_value_and_the_paired_differences(fake_study, tmp_path):
-    lines = report_of(sweep.geometry_figures, fake_study, tmp_path, 'geometry')
+    lines = report_of(reports.geometry_figures, fake_study, tmp_path, 'geometry')
     # layer 0 is the initial regime of 5 layers: attention 1.0, 1.1, 1.2 → 1.1; P +0.04, +0.05, +0.06 → t = 8.7;
     # the full operator −0.2, −0.1, −0.3 → t = 3.5 < 4.303
     # each is the smallest p of its Holm family (the corridor's P, or its operator, over 4 diagnostics × 3 regimes),
@@ -495,7 +495,7 @@ def test_the_pretrained_plan_counts_the_models_own_parameters_and_no_weight_grad
     config.save_pretrained(tmp_path / 'llama')
     layer = 64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64   # q, o; k, v (2 KV heads of 16); the MLP; two norms
     non_embedding = 3 * layer + 64                               # and the final norm
-    result = run_script('sweep.py', '--study=pretrained', '--gpu=True', '--plan=True', f'--out_root={tmp_path}', '--',
+    result = run_script('lab.sweep', '--study=pretrained', '--gpu=True', '--plan=True', f'--out_root={tmp_path}', '--',
                         f'--init_from={tmp_path / "llama"}', cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = plan_rows(result.stdout)
@@ -516,8 +516,8 @@ def test_the_pretrained_report_pairs_the_corridor_with_delta_only_and_with_the_f
     loaded = {('corridor', 0): run(3.00, 2.90, -0.2, 600), ('corridor', 1): run(3.10, 2.96, -0.3, 660),
               ('delta_only', 0): run(3.00, 2.95, 0.0, 590), ('delta_only', 1): run(3.10, 3.02, 0.0, 650)}
     summary = {v: dict(seeds=[0, 1]) for v in ('corridor', 'delta_only')}
-    tests = sweep.Tests()
-    lines = sweep.pretrained_figures({'wiki/operator': (loaded, summary)}, str(tmp_path), tests, 'pretrained')
+    tests = stats.Tests()
+    lines = reports.pretrained_figures({'wiki/operator': (loaded, summary)}, str(tmp_path), tests, 'pretrained')
     tests.finish()
     text = tests.fill('\n'.join(lines))
     by_label = {t['label']: t for t in tests.tests}
@@ -533,18 +533,18 @@ def test_the_pretrained_report_pairs_the_corridor_with_delta_only_and_with_the_f
 # the pretrained study at 135M: its cells, the frozen model's fixed-γ curve (an evaluation), the report
 
 def test_the_pretrained_study_trains_every_cell_with_four_seeds_claim_c_first(tiny_data_root):
-    parts = sweep.STUDIES['pretrained'].parts
-    runs = list(sweep.plan_runs(parts, 'sweeps', sweep.CPU, [f'--data_root={tiny_data_root}', '--dataset=tiny']))
+    parts = studies.STUDIES['pretrained'].parts
+    runs = list(sweep.plan_runs(parts, 'sweeps', studies.CPU, [f'--data_root={tiny_data_root}', '--dataset=tiny']))
     variants = {v for _, v, _ in runs}
-    fixed = sweep.parse_variant(f'fixed_gamma_delta={sweep.PRETRAINED_FIXED_GAMMA}')[0]
+    fixed = studies.parse_variant(f'fixed_gamma_delta={studies.PRETRAINED_FIXED_GAMMA}')[0]
     assert variants == {'gamma_nonneg', 'corridor', 'delta_only', fixed, 'alpha', 'alpha_beta'}
     assert all(sorted(s for _, w, s in runs if w == v) == [0, 1, 2, 3] for v in variants)  # 3 df a cell
     assert [v for _, v, _ in runs[:2]] == ['gamma_nonneg', 'corridor']  # claim (c)'s pair trains first
-    assert sweep.parse_variant('fixed_gamma_delta=-0.2')[1] == dict(operator='corridor', gamma_init=-0.2,
+    assert studies.parse_variant('fixed_gamma_delta=-0.2')[1] == dict(operator='corridor', gamma_init=-0.2,
                                                                     learn_gamma=False)  # δ learns
-    for _, a, b in sweep.PRETRAINED_CELLS:  # every cell's variants are trained
+    for _, a, b in reports.PRETRAINED_CELLS:  # every cell's variants are trained
         assert {a, b} - {'frozen'} <= {v.split('=')[0] for v in variants}
-    assert sweep.PRETRAINED_FIXED_GAMMA in sweep.PRETRAINED_GAMMAS and sweep.PRETRAINED_FIXED_GAMMA < 0
+    assert studies.PRETRAINED_FIXED_GAMMA in studies.PRETRAINED_GAMMAS and studies.PRETRAINED_FIXED_GAMMA < 0
 
 
 @pytest.fixture(scope='module')
@@ -590,7 +590,7 @@ def test_the_frozen_curve_evaluates_train_pys_batches_at_each_fixed_gamma_and_co
     train.py builds with gamma_init = γ, δ = 1 (on every weight frozen, a run with nothing to train: train_only=all
     at max_iters = 0 evaluates it); a rerun reads the file; a new γ evaluates only itself; other batches: all again."""
     root, config = tiny_frozen
-    monkeypatch.setitem(sweep.SETTINGS, 'tiny/operator', (str(config), dict()))
+    monkeypatch.setitem(studies.SETTINGS, 'tiny/operator', (str(config), dict()))
     losses, seconds = sweep.frozen_gamma_losses('tiny/operator', str(tmp_path), gammas=(-0.3, 0.0))
     assert [len(v) for v in losses.values()] == [3, 3] and all(s > 0 for s in seconds.values())
     assert statistics.fmean(losses[0.0]) == pytest.approx(iteration0_val_loss(root, config, tmp_path / 'r0'), rel=1e-6)
@@ -603,8 +603,8 @@ def test_the_frozen_curve_evaluates_train_pys_batches_at_each_fixed_gamma_and_co
     assert other[0.0] != losses[0.0]
 
     loads = []
-    real = sweep.walk_hf.load_pretrained
-    monkeypatch.setattr(sweep.walk_hf, 'load_pretrained', lambda *a, **k: loads.append(a) or real(*a, **k))
+    real = sweep.hf.load_pretrained
+    monkeypatch.setattr(sweep.hf, 'load_pretrained', lambda *a, **k: loads.append(a) or real(*a, **k))
     assert sweep.frozen_gamma_losses('tiny/operator', str(tmp_path), gammas=(-0.3, 0.0))[0] == losses
     assert loads == []  # read from the file, nothing evaluated
     again = sweep.frozen_gamma_losses('tiny/operator', str(tmp_path), gammas=(-0.3, -0.1, 0.0))[0]
@@ -641,8 +641,8 @@ def test_the_pretrained_report_has_every_claim_and_the_frozen_curve_in_one_holm_
                       dtype='float32'), losses=curve, seconds={g: 120.0 for g in curve})))
     out = tmp_path / 'pretrained'
     out.mkdir()
-    tests = sweep.Tests()
-    lines = sweep.pretrained_figures({setting: (loaded, summary)}, str(out), tests, 'pretrained')
+    tests = stats.Tests()
+    lines = reports.pretrained_figures({setting: (loaded, summary)}, str(out), tests, 'pretrained')
     tests.finish()
     text = tests.fill('\n'.join(lines))
     by_label = {t['label']: t for t in tests.tests}
@@ -654,7 +654,7 @@ def test_the_pretrained_report_has_every_claim_and_the_frozen_curve_in_one_holm_
         assert by_label[f'{setting}: {a} − {b}']['differences'] == pytest.approx(diffs(a, b)), (a, b)
     assert by_label[f'{setting}: frozen, γ = -0.1 − γ = 0 (δ = 1)']['differences'] == pytest.approx(
         [-0.02, -0.05, -0.02, -0.02])
-    assert {t['family'] for t in tests.tests} == {sweep.PRETRAINED_FAMILY}
+    assert {t['family'] for t in tests.tests} == {reports.PRETRAINED_FAMILY}
     assert {t['family_size'] for t in tests.tests} == {8}  # 6 trained cells + 2 fixed γ
     # the cell by hand: gamma_nonneg − corridor +0.03, +0.02, +0.03, +0.02: mean +0.025, SD 0.005774, 3 df
     t = tests.tests[[t['label'] for t in tests.tests].index(f'{setting}: gamma_nonneg − corridor')]
@@ -669,24 +669,24 @@ def test_the_pretrained_report_has_every_claim_and_the_frozen_curve_in_one_holm_
     assert (out / 'pretrained_claims_wikitext2_smollm2-135m_operator.png').stat().st_size > 1000
 
     # no run finished yet: the frozen curve alone (report() asks for no run in this study)
-    tests = sweep.Tests()
-    lines = sweep.pretrained_figures({}, str(out), tests, 'pretrained')
+    tests = stats.Tests()
+    lines = reports.pretrained_figures({}, str(out), tests, 'pretrained')
     tests.finish()
     assert [t['family_size'] for t in tests.tests] == [2, 2] and any(line.startswith('| -0.1 | ') for line in lines)
 
 
 def test_a_pretrained_study_evaluates_the_frozen_curve_trains_and_reports_end_to_end(tiny_frozen, tmp_path,
                                                                                     monkeypatch):
-    """sweep.py's main on a tiny frozen Llama: the curve first (every γ of PRETRAINED_GAMMAS), then the runs, then
+    """lab/sweep.py's main on a tiny frozen Llama: the curve first (every γ of PRETRAINED_GAMMAS), then the runs, then
     the report with both; the same command again trains and evaluates nothing."""
     root, config = tiny_frozen
-    monkeypatch.setitem(sweep.SETTINGS, 'tiny/operator', (str(config), dict()))
-    monkeypatch.setitem(sweep.STUDIES, 'tiny_pretrained', sweep.Study(
-        'a test', (sweep.Part('tiny/operator', ('gamma_nonneg', 'corridor'), 1),), (), 'pretrained_figures'))
+    monkeypatch.setitem(studies.SETTINGS, 'tiny/operator', (str(config), dict()))
+    monkeypatch.setitem(studies.STUDIES, 'tiny_pretrained', studies.Study(
+        'a test', (studies.Part('tiny/operator', ('gamma_nonneg', 'corridor'), 1),), (), 'pretrained_figures'))
     args = ['--study=tiny_pretrained', f'--out_root={tmp_path}', '--', '--max_iters=4', '--eval_interval=2']
     sweep.main(args)
     saved = json.loads((tmp_path / 'tiny' / 'operator' / 'frozen_gamma.json').read_text())
-    assert sorted(map(float, saved['losses'])) == sorted(sweep.PRETRAINED_GAMMAS)
+    assert sorted(map(float, saved['losses'])) == sorted(studies.PRETRAINED_GAMMAS)
     report = (tmp_path / 'tiny_pretrained' / 'report.md').read_text()
     assert '| tiny/operator | (c) | gamma_nonneg − corridor | 1 | ' in report and '| -0.05 | ' in report
     assert '| tiny/operator | forms | alpha − corridor | 0 | not trained yet |' in report

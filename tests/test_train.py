@@ -261,11 +261,11 @@ CONFIGS = sorted(p for p in (REPO / 'configs').glob('*.py') if not p.name.starts
 
 @pytest.mark.parametrize('path', CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_every_config_file_is_a_valid_run_with_every_sweep_variant(path, monkeypatch):
-    from sweep import VARIANTS, parse_variant
+    from lab.studies import VARIANTS, parse_variant
     monkeypatch.chdir(REPO)
     config = parse_config(DEFAULTS, [str(path.relative_to(REPO))])
     assert config['out_dir'] != DEFAULTS['out_dir'], "each config writes its own run folder"
-    # the variants are sweep.py's, one definition each; an operator-only config needs something to train
+    # the variants are lab/sweep.py's, one definition each; an operator-only config needs something to train
     assert config['operator'] == ('corridor' if config['train_only'] == 'operator' else 'attention')
     for name in VARIANTS:
         keys = parse_variant(name)[1]
@@ -472,14 +472,14 @@ def test_a_resumed_run_lets_go_of_the_checkpoint_before_training(tiny_data_root,
 def test_a_sixth_operator_is_one_table_entry(tiny_data_root, tmp_path, monkeypatch):
     """The README's "How to add an operator", as written: one OPERATORS entry, then train it, sweep it."""
     import model
-    import sweep
+    from lab import studies
     import train as train_module
     bounded = model.OperatorForm(  # γ = tanh(θ) stays inside (−1, 1), δ = 1
         params=('theta',), learnable=True,
         init=lambda gamma0, delta0, config: (torch.atanh(gamma0),),
         coefficients=lambda theta: (torch.tanh(theta), torch.ones_like(theta)))
     monkeypatch.setitem(model.OPERATORS, 'bounded', bounded)
-    monkeypatch.setitem(sweep.VARIANTS, 'bounded', lambda: dict(operator='bounded'))
+    monkeypatch.setitem(studies.VARIANTS, 'bounded', lambda: dict(operator='bounded'))
     monkeypatch.setattr(signal, 'signal', lambda *args: None)  # in-process: leave pytest's handlers alone
     torch.manual_seed(0)
     net = model.GPT(model.GPTConfig(block_size=8, vocab_size=20, n_layer=2, n_head=2, n_embd=8, operator='bounded',
@@ -489,7 +489,7 @@ def test_a_sixth_operator_is_one_table_entry(tiny_data_root, tmp_path, monkeypat
     gamma, delta = model.gamma_delta(net.operator_coefficients())
     assert ((gamma > -0.5) & (gamma < -0.1)).all() and (delta == 1).all()
     out = tmp_path / 'bounded'
-    args = sweep.parse_variant('bounded')[1]
+    args = studies.parse_variant('bounded')[1]
     train_module.main([*TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', f'--out_dir={out}', '--max_iters=2',
                        '--eval_interval=2', *(f'--{k}={v}' for k, v in args.items()), '--gamma_init=-0.2'])
     log = read_log(out)
@@ -799,7 +799,7 @@ def test_train_prepares_shakespeare_char_itself_when_its_folder_is_missing(tmp_p
 
 
 # ------------------------------------------------------------------------------------------------------------
-# a pretrained transformers model (walk_hf.PretrainedLM): operator-only fine-tuning
+# a pretrained transformers model (hf.PretrainedLM): operator-only fine-tuning
 
 @pytest.fixture(scope='module')
 def tiny_pretrained(tmp_path_factory):

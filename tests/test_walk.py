@@ -1,4 +1,4 @@
-"""walk.py: the fast polynomial diagnostics equal a naive per-edge computation, known walks give known answers, and
+"""lab/walk.py: the fast polynomial diagnostics equal a naive per-edge computation, known walks give known answers, and
 the command line writes its tables and plots for a run and for an imported GPT-2."""
 
 import importlib.util
@@ -12,9 +12,9 @@ import torch
 from conftest import assert_one_line_error, needs_tokenizer, run_script, synthetic_text
 from model import GPT, GPTConfig
 from common import TextCodec, UserError
-from connection import (WalkLayer, connection_diagnostics, depth_regimes, head_weights, layer_moments,
+from lab.connection import (WalkLayer, connection_diagnostics, depth_regimes, head_weights, layer_moments,
                         sampled_gram_entries)
-from walk import sample_sequences, source_kind
+from lab.walk import sample_sequences, source_kind
 
 
 def tiny_model(n_layer=2, n_head=2, n_embd=8, operator='attention', seed=0, **overrides):
@@ -355,7 +355,7 @@ def hf_edges(family, T, drop_sink=False):
 def test_hf_heads_rebuild_the_attention_output(family):
     """Σ_h P_h (x W_V^h + b_V^h) W_O^h + b_O is the model's own attention output: the probabilities and per-head
     weights (GQA sharing, Qwen3's d_h, RoPE inside P) are the ones the model applies, and walk_hf reads the same."""
-    from walk_hf import HFWalk
+    from lab.hf import HFWalk
     model = tiny_hf(family)
     heads, biases, value, output = reference_heads(model, 0)
     seen = {}
@@ -373,7 +373,7 @@ def test_hf_heads_rebuild_the_attention_output(family):
 
 @pytest.mark.parametrize('family', HF_FAMILIES)
 def test_hf_diagnostics_equal_the_naive_per_edge_computation(family):
-    from walk_hf import HFWalk
+    from lab.hf import HFWalk
     model = tiny_hf(family)
     idx = torch.randint(0, 40, (3, 7), generator=torch.Generator().manual_seed(2))
     probs = model(input_ids=idx, output_attentions=True).attentions
@@ -391,7 +391,7 @@ def test_closed_form_null_matches_a_randomly_initialised_model():
     """At initialisation W_V and W_O are Gaussian: δ_orth and the per-edge Gram ratio agree with the closed forms
     √(1 + (d/d_h)·Σ_g(Σ_{h∈g} w_h²)²/(Σ_h w_h²)²) and √(πd/2)/δ, on uneven head weights and with GQA."""
     import transformers
-    from walk_hf import HFWalk
+    from lab.hf import HFWalk
     torch.manual_seed(0)
     config = hf_config('llama', hidden_size=256, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
                        num_hidden_layers=1)
@@ -415,7 +415,7 @@ needs_minilm = pytest.mark.skipif(importlib.util.find_spec('all_minilm_l6_v2') i
 @needs_minilm
 def test_pretrained_minilm_equals_the_naive_per_edge_computation():
     """Real trained weights (BERT, 6 layers, 12 heads, d = 384), float64: the fast path is exact on them too."""
-    from walk_hf import load
+    from lab.hf import load
     walker, codec, max_len = load('all-MiniLM-L6-v2', 'cpu')
     model = walker.module.double()
     assert (model.config.num_hidden_layers, model.config.hidden_size, walker.specials, max_len) == (6, 384, (1, 1), 512)
@@ -466,7 +466,7 @@ def test_lines_are_drawn_at_random_with_the_seed_and_truncated_documents_chunked
 
 def test_diagnostics_cli_on_a_corridor_run(trained_run, tmp_path):
     (tmp_path / 'text.txt').write_text(synthetic_text(300, seed=9))
-    result = run_script('walk.py', trained_run, '--text', tmp_path / 'text.txt', '--n_seqs', '8',
+    result = run_script('lab.walk', trained_run, '--text', tmp_path / 'text.txt', '--n_seqs', '8',
                         '--seq_len', '16', '--context_sweep', '--drop_sink', '--out', tmp_path / 'diag', cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     saved = json.loads((tmp_path / 'diag' / 'diagnostics.json').read_text())
@@ -489,7 +489,7 @@ def test_diagnostics_cli_on_an_imported_gpt2(tmp_path):
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=64, n_embd=24, n_layer=2, n_head=3))
     hf.save_pretrained(tmp_path / 'tiny-gpt2')
     (tmp_path / 'text.txt').write_text(synthetic_text(100))
-    result = run_script('walk.py', tmp_path / 'tiny-gpt2', '--text', tmp_path / 'text.txt',
+    result = run_script('lab.walk', tmp_path / 'tiny-gpt2', '--text', tmp_path / 'text.txt',
                         '--n_seqs', '4', '--seq_len', '32', '--sampling', 'chunks', '--no-null_model',
                         '--out', tmp_path / 'diag', cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -521,7 +521,7 @@ def test_diagnostics_cli_on_local_bert_and_llama_folders(tmp_path):
     for family in ('bert', 'llama'):
         tiny_hf(family, vocab_size=64, max_position_embeddings=32).float().save_pretrained(tmp_path / f'tiny-{family}')
         save_word_tokenizer(tmp_path / f'tiny-{family}', text, bert=family == 'bert')
-    result = run_script('walk.py', tmp_path / 'tiny-bert', tmp_path / 'tiny-llama', '--text', tmp_path / 'text.txt',
+    result = run_script('lab.walk', tmp_path / 'tiny-bert', tmp_path / 'tiny-llama', '--text', tmp_path / 'text.txt',
                         '--n_seqs', '6', '--seq_len', '16', '--context_sweep', '--sweep_seqs', '2', '--gram_edges', '16',
                         '--out', tmp_path / 'diag', cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -550,7 +550,7 @@ def test_unsupported_or_unreadable_sources_are_one_line_errors(tmp_path):
     (tmp_path / 'neox').mkdir()
     (tmp_path / 'neox' / 'config.json').write_text('{"model_type": "gpt_neox"}')
     (tmp_path / 'text.txt').write_text(synthetic_text(50))
-    result = run_script('walk.py', tmp_path / 'neox', '--text', tmp_path / 'text.txt', cwd=tmp_path)
+    result = run_script('lab.walk', tmp_path / 'neox', '--text', tmp_path / 'text.txt', cwd=tmp_path)
     assert_one_line_error(result, "model_type 'gpt_neox' is not supported", 'llama, qwen2, qwen3, bert')
     (tmp_path / 'empty').mkdir()
     with pytest.raises(UserError, match='neither a run folder with ckpt.pt nor a GPT-2 model or other transformers'):

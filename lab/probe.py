@@ -4,9 +4,9 @@ Which heads would move into the corridor first? The gradient probe: ∂L/∂γ o
 standard errors over the sequences. Gradient descent moves γ by −∂L/∂γ, so a head with ∂L/∂γ > 0 starts into the
 corridor (γ < 0), one with ∂L/∂γ < 0 away from it.
 
-    python probe.py smollm2-135m --dataset=wikitext2_smollm2-135m      # a pretrained LM (prepare.py --tokenizer=...)
-    python probe.py out-shakespeare-char --dataset=shakespeare_char     # our GPT: a run folder, any operator
-    python probe.py smollm2-135m --dataset=wikitext2_smollm2-135m --compare=sweeps/wikitext2_smollm2-135m/operator/corridor-s0
+    python -m lab.probe smollm2-135m --dataset=wikitext2_smollm2-135m      # a pretrained LM (prepare.py --tokenizer=...)
+    python -m lab.probe out-shakespeare-char --dataset=shakespeare_char     # our GPT: a run folder, any operator
+    python -m lab.probe smollm2-135m --dataset=wikitext2_smollm2-135m --compare=sweeps/wikitext2_smollm2-135m/operator/corridor-s0
 
 --compare=RUN sets a corridor run's learned γ beside the probe: does the first gradient predict where heads went?
 Writes OUT/probe.json, probe.md and probe.png (heatmaps layer × head: the mean ∂L/∂γ and its t = mean / SE).
@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from analyze import plt, save
 from common import UserError, atomic_write, check_tokenizer, load_model, load_run, main_guard
 from model import OperatorCoefficients
-from plots import plt, save
 
 
 def corridor_at_the_model(model):

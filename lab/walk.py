@@ -1,9 +1,9 @@
 """
 The connection-walk diagnostics' command line: any walk source (a run folder, GPT-2, a Hugging Face model) over a
 text → per-layer tables (the paper's Table 1 / Table 2 layouts), JSON and plots, beside a random-init twin and the
-closed-form null. The definitions and the exact fast computation are in connection.py.
+closed-form null. The definitions and the exact fast computation are in lab/connection.py.
 
-    python walk.py gpt2 out-owt-corridor path/to/llama-or-bert --text wiki.test.raw --context_sweep
+    python -m lab.walk gpt2 out-owt-corridor path/to/llama-or-bert --text wiki.test.raw --context_sweep
 """
 
 import argparse
@@ -18,11 +18,11 @@ import sys
 import torch
 from tqdm import tqdm
 
-import walk_hf
+from analyze import plt, save
 from common import GPT2_NAMES, TextCodec, UserError, atomic_write, load_model, main_guard, tokenizer_from_meta
-from connection import GPTWalk, connection_diagnostics, depth_regimes
+from lab import hf
+from lab.connection import GPTWalk, connection_diagnostics, depth_regimes
 from model import GPT
-from plots import plt, save
 
 
 # ---------------------------------------------------------------------------------------------- text and sampling
@@ -90,18 +90,18 @@ def source_kind(source):
         return 'run'
     if source in GPT2_NAMES:
         return 'gpt2'
-    return walk_hf.model_type(source)
+    return hf.model_type(source)
 
 
 def load_source(source, kind, device):
     """(walk source, TextCodec, longest sequence it takes) for a run folder, a GPT-2 name or folder (read as our GPT),
-    or a Llama / Qwen2 / Qwen3 / Gemma 3 / BERT folder, .gguf file or packaged model (walk_hf)."""
+    or a Llama / Qwen2 / Qwen3 / Gemma 3 / BERT folder, .gguf file or packaged model (lab/hf.py)."""
     if kind in ('run', 'gpt2'):
         model, meta = load_model(source)
-        if isinstance(model, walk_hf.PretrainedLM):  # a run that fine-tuned a pretrained transformers model
-            return walk_hf.run_walk(model, device)
+        if isinstance(model, hf.PretrainedLM):  # a run that fine-tuned a pretrained transformers model
+            return hf.run_walk(model, device)
         return GPTWalk(model.to(device)), TextCodec(tokenizer_from_meta(meta)[0]), model.config.block_size
-    return walk_hf.load(source, device)
+    return hf.load(source, device)
 
 
 def random_twin(walker, seed):
@@ -110,7 +110,7 @@ def random_twin(walker, seed):
         torch.manual_seed(seed)
         device = next(walker.module.parameters()).device
         return GPTWalk(GPT(walker.module.config).to(device))
-    return walk_hf.random_twin(walker, seed)
+    return hf.random_twin(walker, seed)
 
 
 def architecture(walker):
@@ -395,8 +395,8 @@ def run_diagnostics(args):
     if min(args.n_seqs, args.seq_len, args.sweep_seqs) < 1 or args.gram_edges < 0:
         raise UserError("--n_seqs, --seq_len and --sweep_seqs must be >= 1, --gram_edges >= 0")
     quantize = [q for q in args.quantize.split(',') if q] if args.quantize else []
-    if set(quantize) - set(walk_hf.GGUF_ROUNDINGS):
-        raise UserError(f"--quantize {args.quantize!r}: choose from {', '.join(walk_hf.GGUF_ROUNDINGS)}")
+    if set(quantize) - set(hf.GGUF_ROUNDINGS):
+        raise UserError(f"--quantize {args.quantize!r}: choose from {', '.join(hf.GGUF_ROUNDINGS)}")
     kinds = {source: source_kind(source) for source in args.sources}  # a bad source fails before any slow loading
     names = [os.path.basename(os.path.normpath(source)) for source in args.sources]
     if len(set(names)) < len(names):
@@ -430,7 +430,7 @@ def run_diagnostics(args):
                                                                        f'{name}, random init')[1]
             for qtype in quantize:  # the same sequences through the weights GGUF rounding leaves: the error bar
                 entry.setdefault('gguf_rounded', {}).setdefault(qtype, {})[part] = walk_model(
-                    walk_hf.gguf_rounded(walker, qtype), idx.to(device), None, part, args, f'{name}, {qtype}')[1]
+                    hf.gguf_rounded(walker, qtype), idx.to(device), None, part, args, f'{name}, {qtype}')[1]
         saved[name] = entry
         del walker, twin
     with atomic_write(os.path.join(out, 'diagnostics.json')) as f:

@@ -42,7 +42,7 @@ moments O(H³d_h³ + H⁴d_h²) once per layer. In float64 the result is exact t
 ‖G − μI‖² = ‖G‖² − tr(G)²/d cancels near an isometry: δ_orth below ~1e-8 reads as ~1e-8.
 
 
-Used by train.py (walk_interval), bench.py and walk.py, the command line that writes tables and plots.
+Used by train.py (walk_interval), lab/bench.py and lab/walk.py, the command line that writes tables and plots.
 """
 
 import math
@@ -80,7 +80,7 @@ class GPTWalk:
     """Our GPT (a run folder, or OpenAI's GPT-2 read through common.load_model) as a walk source. A walk source
     gives: `module` (its nn.Module), `causal`, `specials` (how many positions at the start and the end of every
     sequence are special tokens, left out of an encoder's edges), `layers()` (a WalkLayer per layer) and
-    `attention_probs(idx)` (every layer's P [B, H, T, T]). walk_hf.HFWalk is the other one."""
+    `attention_probs(idx)` (every layer's P [B, H, T, T]). hf.HFWalk is the other one."""
     causal = True
     specials = (0, 0)
 
@@ -228,7 +228,7 @@ def exact_float32_matmuls():
 @exact_float32_matmuls()
 def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, batch_size=None, progress=False,
                            gram_edges=0, seed=0):
-    """Per-layer connection-walk diagnostics of `model` (our GPT, or a walk source such as walk_hf.HFWalk) on token
+    """Per-layer connection-walk diagnostics of `model` (our GPT, or a walk source such as hf.HFWalk) on token
     sequences idx [N, T] (see the module docstring). An encoder's sequences must all be [CLS] … [SEP], unpadded.
 
     full_operator: walk weights c_I·I + c_P·P of the operator instead of the attention probabilities alone.

@@ -1,0 +1,259 @@
+"""
+Operator variants × seeds trained with identical data, budget and hyperparameters, compared paired by seed.
+
+    python -m lab.sweep                                    # the default study, 'claims': the paper's four claims
+    python -m lab.sweep --study=fixed_gamma                # any study in STUDIES: its runs, report and figures
+    python -m lab.sweep --study=scales --gpu=True          # the same study at GPT-2 scale on OpenWebText, one GPU
+    python -m lab.sweep --study=scales --report_only=True  # report the runs finished so far, train nothing
+    python -m lab.sweep --study=scales --gpu=True --plan=True   # tokens and estimated GPU hours, train nothing
+    python -m lab.sweep --variants=attention,fixed_gamma=-0.3 --seeds=2 --out_root=sweeps/quick -- --max_iters=200
+    python -m lab.sweep --variants=attention,corridor --gpu=True --plan=True   # ad hoc variants at GPT-2 124M
+
+A study trains every (setting, variant, seed) of its parts (the table: lab/studies.py). A setting is a corpus, a
+model size and a token budget (SETTINGS); a variant is what a run changes in the operator (VARIANTS; `name=value` for a variant that
+takes a value). Each run is `train.py BASE <setting keys> <variant keys> --seed=S --out_dir=OUT_ROOT/<setting>/
+<variant>-s<S>` plus whatever follows `--`, its output in that folder's train.log. Runs are shared between studies
+(the small Tiny Shakespeare runs of attention serve four of them) and never trained twice: finished runs are
+skipped and interrupted ones resumed, so the same command continues a study. A changed budget needs a new setting
+name. Reports go to OUT_ROOT/<study>/ (report.md, report.json, figures).
+
+Statistics: each variant's final validation loss, and its difference to attention paired by seed (the same seed
+gives every variant the same initial weights and the same batches): mean, 95 % CI, p of a two-sided paired t-test,
+p Holm-adjusted within a family (one comparison across a study's settings; the fixed-γ grid and the geometry's
+cells as larger families, see STATISTICS) and the smallest effect the test detects at 80 % power. A difference
+counts as 'lower' or 'higher' only when the adjusted p is below 5 %; otherwise 'inconclusive, no effect larger
+than X', X the CI's bound farthest from zero (lab/stats.py, through scipy.stats).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import torch
+from tqdm import tqdm
+
+from common import PEAK_FLOPS, REPO, UserError, atomic_write, check_tokenizer, main_guard, model_config, parse_config
+from model import GPT
+from train import DEFAULTS as TRAIN_DEFAULTS, Data  # train.py's config keys and defaults: every run a study plans is checked against them
+
+from lab import hf
+from lab.reports import report
+from lab.studies import (CPU, FROZEN_SEED, PRETRAINED_GAMMAS, Part, SETTINGS, STUDIES, Study, frozen_gamma_path,
+                         frozen_settings, millions, non_embedding_params, parse_variant, run_state)
+
+# ------------------------------------------------------------------------------------------------ running
+
+
+def plan_runs(parts, out_root, base, train_args, need_data=True):
+    """{(setting, variant, seed): (out_dir, train.py arguments for a fresh run)}, every run's config checked."""
+    for part in parts:  # every variant name is checked before any setting looks for its data
+        for spec in part.variants:
+            parse_variant(spec)
+    runs = {}
+    for part in parts:
+        config_file, keys = SETTINGS[part.setting] if part.setting else (base, {})
+        if part.setting:  # the settings' base configs sit in this repository, wherever the command runs from
+            config_file = os.path.join(REPO, config_file)
+        folder = os.path.join(out_root, part.setting) if part.setting else out_root
+        if not os.path.isfile(config_file):
+            raise UserError(f"base config {config_file!r} not found")
+        # seed-major: every variant of the first seed first, so pairs finish early
+        for seed in range(part.first_seed, part.first_seed + part.seeds):
+            for spec in part.variants:
+                variant, variant_keys = parse_variant(spec)
+                out_dir = os.path.join(folder, f"{variant}-s{seed}")
+                args = [config_file, *(f'--{k}={v!r}' for k, v in {**keys, **variant_keys}.items()),
+                        f'--seed={seed}', f'--out_dir={out_dir}', '--overwrite=True', *train_args]
+                config = parse_config(TRAIN_DEFAULTS, args)  # a bad key or value fails here, before any run starts
+                if not config['always_save_checkpoint']:  # else a run whose last eval is not its best never ends
+                    raise UserError("a study reads every run's final state from its ckpt.pt: leave "
+                                    "always_save_checkpoint=True")
+                model_config({**config, 'vocab_size': 256})
+                meta = os.path.join(config['data_root'], config['dataset'], 'meta.json')
+                if need_data and not os.path.isfile(meta):
+                    raise UserError(f"setting {part.setting or base} needs {meta}: run `python prepare.py "
+                                    f"{config['dataset']}` first (see prepare.py for offline copies)")
+                runs[(part.setting, variant, seed)] = (out_dir, args)
+    return runs
+
+
+# the budget estimate's assumptions: H100 SXM dense bf16 peak, and the MFU nanoGPT-style training typically
+# reaches there with torch.compile (an assumption, not a measurement of this repo)
+PLAN_PEAK, PLAN_MFU = PEAK_FLOPS['H100']['bfloat16'], 0.40
+
+
+def dataset_vocab(config):
+    """The vocabulary a run will train with: its prepared data's meta.json, else GPT-2's for a BPE dataset, else
+    None (a character set is only known once prepared)."""
+    meta = os.path.join(config['data_root'], config['dataset'], 'meta.json')
+    if os.path.isfile(meta):
+        with open(meta) as f:
+            return json.load(f)['vocab_size']
+    return None if config['dataset'].endswith('_char') else 50257
+
+
+def print_plan(runs):
+    """Parameters, tokens, FLOPs and estimated H100 hours of the runs still to train, per setting: a GPU budget before
+    the GPU is rented. FLOPs per token as train.py's MFU counts them (6N + attention)."""
+    rows, total = {}, 0.0
+    for (setting, _, _), (out_dir, args) in runs.items():
+        config = parse_config(TRAIN_DEFAULTS, args)
+        vocab = dataset_vocab(config)
+        tokens = config['max_iters'] * config['gradient_accumulation_steps'] * config['batch_size'] * config['block_size']
+        if config['init_from'] in ('scratch', 'resume') or config['init_from'].startswith('gpt2'):
+            with torch.device('meta'):  # the parameter count without allocating the weights
+                model = GPT(model_config({**config, 'vocab_size': vocab or 50257}))
+            flops, params, non_embedding = model.flops_per_token(config['block_size']), model.get_num_params(), \
+                non_embedding_params(config)
+        else:  # a pretrained transformers model: counted from its config; frozen weights need no weight gradients
+            params, non_embedding = hf.parameter_count(config['init_from'])
+            flops = (4 if config['train_only'] == 'operator' else 6) * params  # no weight gradients when frozen
+            prepared = os.path.isfile(os.path.join(config['data_root'], config['dataset'], 'meta.json'))
+            vocab = vocab if prepared else 'its own'  # (not GPT-2's: dataset_vocab's guess for a BPE dataset)
+        hours = tokens * flops / (PLAN_MFU * PLAN_PEAK) / 3600
+        row = rows.setdefault(setting, dict(non_embedding=non_embedding, vocab=vocab, params=params if vocab else None,
+                                            tokens=tokens, hours=hours, runs=0, todo=0))
+        row['runs'] += 1
+        if run_state(out_dir) != 'done':
+            row['todo'] += 1
+            total += hours
+    print("non-embedding: without the token and position embeddings; as train.py counts: with the token embedding "
+          "(tied to the output layer) for the dataset's vocabulary, without the position embeddings, as the README's "
+          "tables\n\n| setting | non-embedding parameters | as train.py counts (vocabulary) | tokens per run | "
+          "H100 hours per run (est.) | runs | to train |\n|---|---|---|---|---|---|---|")
+    for setting, r in rows.items():
+        counted = f"{millions(r['params'])} ({r['vocab']:,})" if r['params'] and isinstance(r['vocab'], int) else \
+            f"{r['params'] / 1e6:.0f}M" if r['params'] else 'its data not prepared yet'
+        tokens = f"{r['tokens'] / 1e9:.2f}B" if r['tokens'] >= 1e9 else f"{r['tokens'] / 1e6:.2f}M"
+        print(f"| {setting} | {millions(r['non_embedding'])} | {counted} | {tokens} ({r['tokens'] / r['non_embedding']:.3g} "
+              f"per non-embedding parameter) | {r['hours']:.3g} | "
+              f"{r['runs']} | {r['todo']} |")
+    print(f"\ntotal to train: {total:.3g} H100 hours (at {PLAN_MFU:.0%} MFU of {PLAN_PEAK / 1e12:.0f} TFLOP/s bf16)")
+
+
+def train_all(runs, parallel):
+    """Train every run that is not finished, `parallel` at a time; interrupted ones resume."""
+    states = {key: run_state(out_dir) for key, (out_dir, _) in runs.items()}
+    todo = [key for key in runs if states[key] != 'done']
+    print(f"{len(runs)} runs: {len(runs) - len(todo)} finished, {len(todo)} to train")
+    threads = str(max(1, (os.cpu_count() or 1) // parallel))
+    running, failed = [], []
+    with tqdm(total=len(todo), desc='sweep', unit='run') as bar:
+        while todo or running:
+            while todo and len(running) < parallel:
+                key = todo.pop(0)
+                out_dir, args = runs[key]
+                if states[key] == 'partial':
+                    args = ['--init_from=resume', f'--out_dir={out_dir}']
+                os.makedirs(out_dir, exist_ok=True)
+                log = open(os.path.join(out_dir, 'train.log'), 'a')
+                process = subprocess.Popen([sys.executable, os.path.join(REPO, 'train.py'), *args],
+                                           stdout=log, stderr=subprocess.STDOUT,
+                                           env={**os.environ, 'OMP_NUM_THREADS': threads})
+                running.append((process, log, out_dir))
+            time.sleep(0.5)
+            for entry in [r for r in running if r[0].poll() is not None]:
+                process, log, out_dir = entry
+                log.close()
+                running.remove(entry)
+                if process.returncode != 0:
+                    failed.append(out_dir)
+                    tqdm.write(f"failed: {out_dir} (see {out_dir}/train.log)")
+                bar.update(1)
+    if failed:
+        raise UserError(f"{len(failed)} run(s) failed, e.g. {failed[0]}/train.log; rerun to retry them")
+
+
+def frozen_gamma_losses(setting, out_root, gammas=PRETRAINED_GAMMAS, seed=FROZEN_SEED, train_args=()):
+    """{γ: [val loss per evaluation batch]} of the setting's frozen pretrained model with every head at fixed γ,
+    δ = 1, on the val batches train.py's evaluation draws for `seed`; kept in OUT_ROOT/<setting>/frozen_gamma.json
+    after each γ, so that a rerun continues (and recomputes all if the setting's data or batches changed)."""
+    config_file, keys = SETTINGS[setting]
+    args = [os.path.join(REPO, config_file),
+            *(f'--{k}={v!r}' for k, v in keys.items()), f'--seed={seed}', *train_args]
+    cfg = SimpleNamespace(**parse_config(TRAIN_DEFAULTS, args))
+    identity = dict(init_from=cfg.init_from, dataset=cfg.dataset, seed=seed, eval_iters=cfg.eval_iters,
+                    batch_size=cfg.batch_size, block_size=cfg.block_size, dtype=cfg.dtype)
+    path = frozen_gamma_path(out_root, setting)
+    saved = dict(identity=identity, losses={}, seconds={})
+    if os.path.isfile(path):
+        with open(path) as f:
+            previous = json.load(f)
+        if previous.get('identity') == identity:
+            saved = previous
+    todo = [g for g in gammas if f'{g:+g}' not in saved['losses']]
+    if todo:
+        data = Data(cfg, cfg.device)
+        model, _ = hf.load_pretrained(cfg.init_from, operator='corridor', learn_gamma=False, learn_delta=False)
+        check_tokenizer(model, data.meta, data.dir)
+        model.to(cfg.device).eval()
+        offsets = data.offsets('val', cfg.eval_iters, torch.Generator().manual_seed(cfg.seed + 1000 + 1))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        for gamma in todo:
+            for attn in hf.attention_modules(model.lm):
+                attn.coefficients.gamma.fill_(gamma)
+            start, losses = time.time(), []
+            with torch.no_grad():
+                for k in tqdm(range(cfg.eval_iters), desc=f'frozen model, γ = {gamma:+g}', unit='batch'):
+                    x, y = data.batch('val', offsets[k])
+                    losses.append(model(x, y)[1].item())
+            saved['losses'][f'{gamma:+g}'], saved['seconds'][f'{gamma:+g}'] = losses, time.time() - start
+            with atomic_write(path) as f:
+                json.dump(saved, f, indent=1)
+    return {g: saved['losses'][f'{g:+g}'] for g in gammas}, {g: saved['seconds'][f'{g:+g}'] for g in gammas}
+
+
+# ------------------------------------------------------------------------------------------------ command line
+
+DEFAULTS = dict(
+    study='claims',                # a STUDIES key; ignored when variants is given (an ad hoc sweep)
+    gpu=False,                     # the study's one-GPU parts (OpenWebText) instead of its CPU parts
+    variants='',                   # ad hoc: comma-separated variant specs, trained from base into out_root
+    base=CPU,                      # ad hoc: the train.py config every run starts from
+    seeds=0,                       # seeds 0 .. seeds-1; 0: the study's own (3 for an ad hoc sweep)
+    out_root='sweeps',             # runs in OUT_ROOT/<setting>/<variant>-s<seed>, reports in OUT_ROOT/<study>
+    parallel=1,                    # runs at a time; each gets cpu_count / parallel threads
+    report_only=False,             # train nothing; report the finished runs
+    plan=False,                    # train nothing; print the runs' tokens and estimated GPU hours
+)
+
+
+def main(argv):
+    sweep_args, train_args = (argv[:argv.index('--')], argv[argv.index('--') + 1:]) if '--' in argv else (argv, [])
+    cfg = parse_config(DEFAULTS, sweep_args)
+    if cfg['parallel'] < 1 or cfg['seeds'] < 0:
+        raise UserError("parallel must be at least 1 and seeds at least 0")
+    if cfg['variants']:  # ad hoc: one part, trained from base into out_root (with --gpu: the GPT-2 124M setting)
+        if cfg['gpu'] and cfg['base'] != CPU:
+            raise UserError("--gpu=True trains the variants in the openwebtext/gpt2_124m setting: drop --base, or "
+                            "drop --gpu to train them from --base")
+        name, out = 'sweep', cfg['out_root']
+        variants = tuple(v for v in cfg['variants'].split(',') if v)
+        setting = 'openwebtext/gpt2_124m' if cfg['gpu'] else None
+        study = Study(f"{', '.join(variants)} from {setting or cfg['base']}",
+                      (Part(setting, variants, cfg['seeds'] or 3),), (), 'claims_figures')
+        parts = study.parts
+    else:
+        if cfg['study'] not in STUDIES:
+            raise UserError(f"unknown study {cfg['study']!r} (choose from {', '.join(STUDIES)})")
+        name = cfg['study'] + ('-gpu' if cfg['gpu'] else '')
+        study, out = STUDIES[cfg['study']], os.path.join(cfg['out_root'], name)
+        parts = [p._replace(seeds=cfg['seeds'] or p.seeds) for p in (study.gpu_parts if cfg['gpu'] else study.parts)]
+        if not parts:
+            raise UserError(f"study {cfg['study']!r} has no {'GPU' if cfg['gpu'] else 'CPU'} runs; drop --gpu=True")
+    runs = plan_runs(parts, cfg['out_root'], cfg['base'], train_args, need_data=not cfg['plan'])
+    if cfg['plan']:
+        return print_plan(runs)
+    if not cfg['report_only']:
+        if study.figures == 'pretrained_figures':  # the frozen model's fixed-γ curve: evaluations, before any run
+            for setting in frozen_settings(parts):
+                frozen_gamma_losses(setting, cfg['out_root'], train_args=train_args)
+        train_all(runs, cfg['parallel'])
+    report(name, study, runs, out)
+
+
+if __name__ == '__main__':
+    main_guard(lambda: main(sys.argv[1:]))
