@@ -39,7 +39,7 @@ from common import PEAK_FLOPS, REPO, UserError, atomic_write, check_tokenizer, m
 from model import GPT
 from train import DEFAULTS as TRAIN_DEFAULTS, Data  # train.py's config keys and defaults: every run a study plans is checked against them
 
-from lab import hf
+from lab import hf, launch
 from lab.reports import report
 from lab.studies import (CPU, FROZEN_SEED, PRETRAINED_GAMMAS, Part, SETTINGS, STUDIES, Study, frozen_gamma_path,
                          frozen_settings, millions, non_embedding_params, parse_variant, run_state)
@@ -134,31 +134,36 @@ def print_plan(runs):
     print(f"\ntotal to train: {total:.3g} H100 hours (at {PLAN_MFU:.0%} MFU of {PLAN_PEAK / 1e12:.0f} TFLOP/s bf16)")
 
 
-def train_all(runs, parallel):
-    """Train every run that is not finished, `parallel` at a time; interrupted ones resume."""
+def train_all(runs, parallel, gpus_per_run=1):
+    """Train every run that is not finished, `parallel` at a time; interrupted ones resume. On a machine with GPUs
+    each run gets gpus_per_run of its own (CUDA_VISIBLE_DEVICES, under torchrun when more than one), so at most
+    visible GPUs // gpus_per_run run at once and the others wait."""
     states = {key: run_state(out_dir) for key, (out_dir, _) in runs.items()}
     todo = [key for key in runs if states[key] != 'done']
     print(f"{len(runs)} runs: {len(runs) - len(todo)} finished, {len(todo)} to train")
-    threads = str(max(1, (os.cpu_count() or 1) // parallel))
+    gpus = launch.visible_gpus()
+    free = launch.gpu_slots(gpus, gpus_per_run) if gpus else [None] * parallel  # None: a CPU-only machine
+    free = free[:parallel]
+    if gpus:
+        print(f"GPUs {','.join(gpus)}: {len(free)} run(s) at a time on {', '.join(','.join(s) for s in free)}")
+    threads = max(1, (os.cpu_count() or 1) // (len(free) * (gpus_per_run if gpus else 1)))
     running, failed = [], []
     with tqdm(total=len(todo), desc='sweep', unit='run') as bar:
         while todo or running:
-            while todo and len(running) < parallel:
-                key = todo.pop(0)
+            while todo and free:
+                key, slot = todo.pop(0), free.pop(0)
                 out_dir, args = runs[key]
-                if states[key] == 'partial':
-                    args = ['--init_from=resume', f'--out_dir={out_dir}']
                 os.makedirs(out_dir, exist_ok=True)
                 log = open(os.path.join(out_dir, 'train.log'), 'a')
-                process = subprocess.Popen([sys.executable, os.path.join(REPO, 'train.py'), *args],
-                                           stdout=log, stderr=subprocess.STDOUT,
-                                           env={**os.environ, 'OMP_NUM_THREADS': threads})
-                running.append((process, log, out_dir))
+                command, env = launch.local_process(launch.run_args(out_dir, args), slot, threads, gpus_per_run)
+                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+                running.append((process, log, out_dir, slot))
             time.sleep(0.5)
             for entry in [r for r in running if r[0].poll() is not None]:
-                process, log, out_dir = entry
+                process, log, out_dir, slot = entry
                 log.close()
                 running.remove(entry)
+                free.append(slot)  # its GPUs go to the next run in the queue
                 if process.returncode != 0:
                     failed.append(out_dir)
                     tqdm.write(f"failed: {out_dir} (see {out_dir}/train.log)")
@@ -218,14 +223,24 @@ DEFAULTS = dict(
     parallel=1,                    # runs at a time; each gets cpu_count / parallel threads
     report_only=False,             # train nothing; report the finished runs
     plan=False,                    # train nothing; print the runs' tokens and estimated GPU hours
+    launcher='local',              # local: train here (each run on GPUs of its own when there are any); slurm:
+                                   # one SLURM job per run through submitit, and return; commands: print one
+                                   # train.py command per unfinished run (for any other scheduler), train nothing
+    gpus_per_run=1,                # GPUs per run (local and slurm); above 1 a run is DDP under torchrun
+    slurm_partition='',            # slurm: sbatch --partition ('' : the cluster's default)
+    slurm_time=24 * 60,            # slurm: each job's time limit in minutes; a longer run is requeued and resumes
+    slurm_account='',              # slurm: sbatch --account ('' : none)
+    slurm_extra='',                # slurm: more sbatch flags, '--qos=high --constraint=h100'
 )
 
 
 def main(argv):
     sweep_args, train_args = (argv[:argv.index('--')], argv[argv.index('--') + 1:]) if '--' in argv else (argv, [])
     cfg = parse_config(DEFAULTS, sweep_args)
-    if cfg['parallel'] < 1 or cfg['seeds'] < 0:
-        raise UserError("parallel must be at least 1 and seeds at least 0")
+    if cfg['parallel'] < 1 or cfg['seeds'] < 0 or cfg['gpus_per_run'] < 1:
+        raise UserError("parallel and gpus_per_run must be at least 1 and seeds at least 0")
+    if cfg['launcher'] not in ('local', 'slurm', 'commands'):
+        raise UserError(f"launcher must be 'local', 'slurm' or 'commands', got {cfg['launcher']!r}")
     if cfg['variants']:  # ad hoc: one part, trained from base into out_root (with --gpu: the GPT-2 124M setting)
         if cfg['gpu'] and cfg['base'] != CPU:
             raise UserError("--gpu=True trains the variants in the openwebtext/gpt2_124m setting: drop --base, or "
@@ -251,7 +266,14 @@ def main(argv):
         if study.figures == 'pretrained_figures':  # the frozen model's fixed-γ curve: evaluations, before any run
             for setting in frozen_settings(parts):
                 frozen_gamma_losses(setting, cfg['out_root'], train_args=train_args)
-        train_all(runs, cfg['parallel'])
+        if cfg['launcher'] == 'commands':  # stdout: the commands alone
+            return launch.print_commands(runs, cfg['gpus_per_run'])
+        if cfg['launcher'] == 'slurm':
+            folder = os.path.join(cfg['out_root'], 'slurm_logs')
+            if not launch.submit(runs, cfg['out_root'], launch.slurm_executor(cfg, folder), cfg['gpus_per_run']):
+                return  # jobs submitted or still queued: the report comes once every run is done
+        else:
+            train_all(runs, cfg['parallel'], cfg['gpus_per_run'])
     report(name, study, runs, out)
 
 
