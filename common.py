@@ -21,8 +21,9 @@ REPO = os.path.dirname(os.path.abspath(__file__))  # the checkout: configs/, tra
 
 
 def transformers_side():
-    """lab/hf.py, the module for pretrained transformers models, imported only when one is asked for: the one place
-    the core reaches into the lab (lab/hf.py imports this module, and through it transformers, which takes seconds)."""
+    """lab/hf.py, the module for pretrained transformers models, imported only when one is asked for: where a
+    pretrained source reaches into the lab (the other lazy import is train.walk_geometry's, for walk_interval).
+    lab/hf.py imports this module, and through it transformers, which takes seconds."""
     from lab import hf
     return hf
 

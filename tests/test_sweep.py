@@ -258,7 +258,7 @@ def test_a_gpu_preset_starts_and_logs_on_cpu_with_tiny_overrides(tiny_data_root,
     (['--variants=fixed_gamma=minus'], "is not a number"),
     (['--study=claims', '--', '--n_layr=2'], "unknown config key 'n_layr'"),
     (['--study=claims', '--', '--data_root=nowhere'], "run `python prepare.py shakespeare_char` first"),
-    (['--parallel=0'], "parallel must be at least 1"),
+    (['--parallel=0'], "parallel and gpus_per_run must be at least 1"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
     assert_one_line_error(run_script('lab.sweep', f'--out_root={tmp_path}', *args, cwd=REPO), message)
