@@ -232,6 +232,8 @@ def test_real_slurm_study_with_a_cancelled_job_resumes_bit_exactly(tiny_data_roo
     wait_for(lambda: evaluated(dirs['corridor']), 120, "the corridor run's first evaluation under SLURM")
     subprocess.run(['scancel', '--signal=USR2', jobs[dirs['corridor']]], env=env, check=True, timeout=20)
     wait_for(lambda: gone(jobs[dirs['attention']]), 120, "the cancelled job to end")
+    if run_state(dirs['attention']) == 'done':  # a loaded machine: the tiny run ended before SLURM's TERM reached it
+        pytest.skip("the attention run finished before its cancel arrived: no mid-run stop to resume from")
     assert run_state(dirs['attention']) == 'partial'  # stopped part way, its checkpoint saved
     second = run_script('lab.sweep', *args, cwd=tmp_path, env=env)  # while the corridor's job is requeued
     assert second.returncode == 0, second.stderr[-3000:]
