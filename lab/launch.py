@@ -23,9 +23,9 @@ from common import REPO, UserError, atomic_write
 from lab.studies import run_state
 
 
-def run_args(out_dir, args):
-    """train.py's arguments now: a run with a checkpoint short of max_iters resumes it."""
-    return ['--init_from=resume', f'--out_dir={out_dir}'] if run_state(out_dir) == 'partial' else args
+def run_args(out_dir, args, state):
+    """train.py's arguments for a run in `state` (run_state's): one with a checkpoint short of max_iters resumes."""
+    return ['--init_from=resume', f'--out_dir={out_dir}'] if state == 'partial' else args
 
 
 def train_command(args, gpus_per_run=1):
@@ -68,10 +68,11 @@ def local_process(args, slot, threads, gpus_per_run=1):
 def print_commands(runs, gpus_per_run=1):
     """One self-contained shell command per unfinished run on stdout (absolute interpreter and train.py, run from
     this directory so that relative paths mean what they meant here), nothing else; the count on stderr."""
-    todo = [(out_dir, args) for out_dir, args in runs.values() if run_state(out_dir) != 'done']
+    states = {out_dir: run_state(out_dir) for out_dir, _ in runs.values()}
+    todo = [(out_dir, args) for out_dir, args in runs.values() if states[out_dir] != 'done']
     print(f"{len(runs)} runs: {len(runs) - len(todo)} finished, {len(todo)} to train", file=sys.stderr)
     for out_dir, args in todo:
-        command = shlex.join(train_command(run_args(out_dir, args), gpus_per_run))
+        command = shlex.join(train_command(run_args(out_dir, args, states[out_dir]), gpus_per_run))
         print(f"cd {shlex.quote(os.getcwd())} && mkdir -p {shlex.quote(out_dir)} && {command} >> "
               f"{shlex.quote(os.path.join(out_dir, 'train.log'))} 2>&1")
 
@@ -98,8 +99,8 @@ class TrainJob(submitit.helpers.Checkpointable):
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, 'train.log'), 'a') as log:
             # USR2 ignored in train.py (SLURM signals every process of the job; its default action would kill it)
-            child = subprocess.Popen(train_command(run_args(out_dir, args), gpus_per_run), stdout=log,
-                                     stderr=subprocess.STDOUT, preexec_fn=ignore_usr2)
+            command = train_command(run_args(out_dir, args, run_state(out_dir)), gpus_per_run)
+            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=ignore_usr2)
             if caught:  # a signal before train.py existed: stop it now
                 child.send_signal(signal.SIGTERM)
             status = child.wait()

@@ -155,7 +155,8 @@ def train_all(runs, parallel, gpus_per_run=1):
                 out_dir, args = runs[key]
                 os.makedirs(out_dir, exist_ok=True)
                 log = open(os.path.join(out_dir, 'train.log'), 'a')
-                command, env = launch.local_process(launch.run_args(out_dir, args), slot, threads, gpus_per_run)
+                command, env = launch.local_process(launch.run_args(out_dir, args, states[key]), slot, threads,
+                                                    gpus_per_run)
                 process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
                 running.append((process, log, out_dir, slot))
             time.sleep(0.5)
