@@ -77,6 +77,30 @@ def assert_one_line_error(result, *fragments):
         assert fragment in lines[0], lines[0]
 
 
+def tiny_llama_and_its_wikitext(root, train_sentences, test_sentences):
+    """(model folder, dataset name): a random tiny Llama (4 query heads on 2 KV heads, seed 0) saved as a
+    transformers folder with a word-level tokenizer, and WikiText-2-shaped files of synthetic_text prepared with
+    that tokenizer by prepare.py, all under root."""
+    import torch
+    import transformers
+    from test_walk import save_word_tokenizer
+    text = synthetic_text(train_sentences)
+    model_dir = root / 'tiny-llama'
+    save_word_tokenizer(model_dir, text, bert=False)
+    vocab = len(transformers.AutoTokenizer.from_pretrained(model_dir))
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)).save_pretrained(model_dir)
+    (root / 'wiki').mkdir()
+    (root / 'wiki' / 'wiki.valid.raw').write_text(text)
+    (root / 'wiki' / 'wiki.test.raw').write_text(synthetic_text(test_sentences, seed=1))
+    result = run_script('prepare.py', 'wikitext2', '--input', root / 'wiki', f'--tokenizer={model_dir}',
+                        '--data_root', root, cwd=root)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return model_dir, 'wikitext2_tiny-llama'
+
+
 def synthetic_text(n_sentences=1500, seed=0):
     """Deterministic pseudo-English with real structure (a small grammar), so a tiny model's loss can fall."""
     import random

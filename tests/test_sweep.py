@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lab import reports, stats, studies, sweep
-from conftest import REPO, TINY_TRAIN_ARGS, assert_one_line_error, run_script
+from conftest import REPO, TINY_TRAIN_ARGS, assert_one_line_error, run_script, tiny_llama_and_its_wikitext
 from model import GPT, GPTConfig
 
 TINY_RUN = [*TINY_TRAIN_ARGS, '--max_iters=6', '--lr_decay_iters=6', '--eval_interval=3', '--eval_iters=2',
@@ -551,27 +551,11 @@ def test_the_pretrained_study_trains_every_cell_with_four_seeds_claim_c_first(ti
 def tiny_frozen(tmp_path_factory):
     """A random tiny Llama with its own word tokenizer, WikiText-2-shaped data prepared with it, and a setting's base
     config that freezes it (as configs/smollm2_operator.py does SmolLM2)."""
-    import transformers
-    from conftest import synthetic_text
-    from test_walk import save_word_tokenizer
     root = tmp_path_factory.mktemp('frozen')
-    text = synthetic_text(400)
-    model_dir = root / 'tiny-llama'
-    save_word_tokenizer(model_dir, text, bert=False)
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=len(transformers.AutoTokenizer.from_pretrained(model_dir)), hidden_size=32, intermediate_size=48,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        tie_word_embeddings=True)).save_pretrained(model_dir)
-    (root / 'wiki').mkdir()
-    (root / 'wiki' / 'wiki.valid.raw').write_text(text)
-    (root / 'wiki' / 'wiki.test.raw').write_text(synthetic_text(200, seed=1))
-    result = run_script('prepare.py', 'wikitext2', '--input', root / 'wiki', f'--tokenizer={model_dir}',
-                        '--data_root', root, cwd=root)
-    assert result.returncode == 0, result.stderr[-2000:]
+    model_dir, dataset = tiny_llama_and_its_wikitext(root, train_sentences=400, test_sentences=200)
     config = root / 'tiny_operator.py'
     config.write_text(f"init_from = {str(model_dir)!r}\ntrain_only = 'operator'\noperator = 'corridor'\n"
-                      f"dataset = 'wikitext2_tiny-llama'\ndata_root = {str(root)!r}\ndevice = 'cpu'\n"
+                      f"dataset = {dataset!r}\ndata_root = {str(root)!r}\ndevice = 'cpu'\n"
                       "compile = False\ndtype = 'float32'\nblock_size = 16\nbatch_size = 4\neval_iters = 3\n"
                       "max_iters = 0\nlr_decay_iters = 10\nwarmup_iters = 2\n")
     return root, config

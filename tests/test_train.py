@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from common import model_config, parse_config
-from conftest import REPO, SHAKESPEARE, TINY_TRAIN_ARGS, assert_one_line_error, needs_shakespeare, run_script
+from conftest import (REPO, SHAKESPEARE, TINY_TRAIN_ARGS, assert_one_line_error, needs_shakespeare, run_script,
+                      tiny_llama_and_its_wikitext)
 from train import DEFAULTS
 
 
@@ -805,25 +806,8 @@ def test_train_prepares_shakespeare_char_itself_when_its_folder_is_missing(tmp_p
 def tiny_pretrained(tmp_path_factory):
     """(root, model folder, dataset name): a random tiny Llama (4 query heads on 2 KV heads) saved as a transformers
     folder with a word-level tokenizer, and WikiText-2-shaped files prepared with that tokenizer by prepare.py."""
-    import transformers
-    from conftest import synthetic_text
-    from test_walk import save_word_tokenizer
     root = tmp_path_factory.mktemp('pretrained')
-    text = synthetic_text(600)
-    model_dir = root / 'tiny-llama'
-    save_word_tokenizer(model_dir, text, bert=False)
-    vocab = len(transformers.AutoTokenizer.from_pretrained(model_dir))
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)).save_pretrained(model_dir)
-    (root / 'wiki').mkdir()
-    (root / 'wiki' / 'wiki.valid.raw').write_text(text)
-    (root / 'wiki' / 'wiki.test.raw').write_text(synthetic_text(300, seed=1))
-    result = run_script('prepare.py', 'wikitext2', '--input', root / 'wiki', f'--tokenizer={model_dir}',
-                        '--data_root', root, cwd=root)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return root, model_dir, 'wikitext2_tiny-llama'
+    return (root, *tiny_llama_and_its_wikitext(root, train_sentences=600, test_sentences=300))
 
 
 def train_pretrained(tiny_pretrained, out, *args):
