@@ -18,6 +18,9 @@ from lab.studies import Part, run_state
 
 # long enough to be stopped part way (400 iterations, 2-5 s of training on 2 cores), evaluated every 100
 RUN = [*TINY_TRAIN_ARGS, '--max_iters=400', '--lr_decay_iters=400', '--eval_interval=100', '--eval_iters=2']
+# under SLURM a signal travels through slurmctld and slurmd: runs 4x longer, so that on a loaded machine a cancel
+# sent after the first evaluation still lands mid-run
+SLURM_RUN = [*TINY_TRAIN_ARGS, '--max_iters=1600', '--lr_decay_iters=1600', '--eval_interval=200', '--eval_iters=2']
 ONE_THREAD = {'OMP_NUM_THREADS': '1'}  # two runs at once on 2 cores, without oversubscribing them
 VARIANTS = ('attention', 'corridor')
 BASE = str(REPO / 'configs' / '_sweep_cpu.py')
@@ -46,24 +49,33 @@ def assert_same_as_straight(out_dir, straight_dir):
     """The same evaluations, bit for bit, and the same final weights as the run trained without a stop."""
     assert val_losses(out_dir) == val_losses(straight_dir)
     got, want = (load_checkpoint(os.path.join(d, 'ckpt.pt')) for d in (out_dir, straight_dir))
-    assert got['iter_num'] == want['iter_num'] == 400
+    assert got['iter_num'] == want['iter_num'] == want['config']['max_iters']
     assert got['model'].keys() == want['model'].keys()
     assert all(torch.equal(got['model'][k], want['model'][k]) for k in want['model'])
 
 
-def study_runs(out_root, data_root):
-    return sweep.plan_runs([Part(None, VARIANTS, 1)], str(out_root), BASE, [*RUN, f'--data_root={data_root}'])
+def study_runs(out_root, data_root, run=RUN):
+    return sweep.plan_runs([Part(None, VARIANTS, 1)], str(out_root), BASE, [*run, f'--data_root={data_root}'])
 
 
-@pytest.fixture(scope='module')
-def straight(tiny_data_root, tmp_path_factory):
+def train_straight(out_root, data_root, run):
     """{variant: out_dir} of the study's two runs, trained without interruption (both at once)."""
-    runs = study_runs(tmp_path_factory.mktemp('straight'), tiny_data_root)
+    runs = study_runs(out_root, data_root, run)
     processes = [subprocess.Popen([sys.executable, str(REPO / 'train.py'), *args], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, env={**os.environ, **ONE_THREAD}) for _, args in runs.values()]
     for p in processes:
         assert p.wait(timeout=300) == 0, p.stderr.read()[-3000:]
     return {variant: out_dir for (_, variant, _), (out_dir, _) in runs.items()}
+
+
+@pytest.fixture(scope='module')
+def straight(tiny_data_root, tmp_path_factory):
+    return train_straight(tmp_path_factory.mktemp('straight'), tiny_data_root, RUN)
+
+
+@pytest.fixture(scope='module')
+def straight_slurm(tiny_data_root, tmp_path_factory):
+    return train_straight(tmp_path_factory.mktemp('straight_slurm'), tiny_data_root, SLURM_RUN)
 
 
 # ------------------------------------------------------------------------------------------------ one node's GPUs
@@ -207,16 +219,19 @@ def up(env):
     return listed.returncode == 0 and any(s in listed.stdout for s in ('idle', 'mixed', 'allocated'))
 
 
-def test_real_slurm_study_with_a_cancelled_job_resumes_bit_exactly(tiny_data_root, tmp_path, monkeypatch, straight):
+def test_real_slurm_study_with_a_cancelled_job_resumes_bit_exactly(tiny_data_root, tmp_path, monkeypatch,
+                                                                   straight_slurm):
     """`python -m lab.sweep --launcher=slurm` on a one-node SLURM: two jobs; one is sent SIGTERM mid-run by scancel
     (train.py saves and stops, the job fails) and the same command again resubmits it; the other gets SIGUSR2, the
     warning SLURM sends before a time limit, and submitit requeues it. Both runs end bit-identical to uninterrupted
-    ones. About 40-75 s on 2 cores (SLURM's requeue delay: 11 s), the bring-up (about 1 s) included."""
+    ones. About 50 s on 2 cores with SLURM_RUN's 1,600 iterations (SLURM's requeue delay: 11 s), the bring-up (about
+    1 s) included, and 8 s for its straight-through references."""
     env = local_slurm()
     monkeypatch.setenv('SLURM_CONF', SLURM_CONF)
     out_root = tmp_path / 'sweep'
     args = [f'--variants={",".join(VARIANTS)}', '--seeds=1', f'--out_root={out_root}', '--launcher=slurm',
-            '--slurm_partition=debug', '--slurm_time=10', f'--base={BASE}', '--', *RUN, f'--data_root={tiny_data_root}']
+            '--slurm_partition=debug', '--slurm_time=10', f'--base={BASE}', '--', *SLURM_RUN,
+            f'--data_root={tiny_data_root}']
     dirs = {v: str(out_root / f'{v}-s0') for v in VARIANTS}
     first = run_script('lab.sweep', *args, cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -247,4 +262,4 @@ def test_real_slurm_study_with_a_cancelled_job_resumes_bit_exactly(tiny_data_roo
     assert last.returncode == 0 and '2 runs: 2 done; 0 submitted' in last.stdout, last.stderr[-3000:]
     assert (out_root / 'report.md').is_file()  # every run done: the study's report
     for variant in VARIANTS:
-        assert_same_as_straight(dirs[variant], straight[variant])
+        assert_same_as_straight(dirs[variant], straight_slurm[variant])
