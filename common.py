@@ -364,7 +364,8 @@ def occupancy_report(gamma, delta):
 
 
 GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
-HF_ONLY_NAMES = ('all-MiniLM-L6-v2', 'smollm2-135m', 'gemma3-270m')  # lab/hf.py's packaged models: not GPT-2s
+# lab/hf.py's packaged models (PACKAGED_GGUF and MiniLM; a test holds the two lists together): not GPT-2s
+HF_ONLY_NAMES = ('all-MiniLM-L6-v2', 'smollm2-135m', 'gemma3-270m', 'qwen2.5-coder-0.5b', 'qwen2.5-coder-1.5b')
 
 
 def is_gpt2(source):

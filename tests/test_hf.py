@@ -317,6 +317,25 @@ def test_the_qwen_sources_name_their_packages_when_missing(monkeypatch):
         hf.model_type('qwen2.5-coder-0.5b')
 
 
+def test_every_packaged_model_lab_hf_knows_is_a_pretrained_source_of_the_core(monkeypatch):
+    """common.load_model (train.py --init_from, sample.py, lab/probe.py) tells a packaged model from a run folder by
+    common.HF_ONLY_NAMES, which the core keeps because it must not import the lab to know them: every name of
+    hf.PACKAGED_GGUF (and MiniLM) is in it, and reaches load_pretrained rather than 'no run folder'."""
+    import common
+    from lab import hf
+    assert set(common.HF_ONLY_NAMES) == set(hf.PACKAGED_GGUF) | {'all-MiniLM-L6-v2'}
+    asked = []
+
+    class Side:
+        def load_pretrained(self, source, **overrides):
+            asked.append(source)
+            return 'model', 'meta'
+    monkeypatch.setattr(common, 'transformers_side', Side)
+    for name in hf.PACKAGED_GGUF:
+        assert common.load_model(name) == ('model', 'meta')
+    assert asked == list(hf.PACKAGED_GGUF)
+
+
 def test_gguf_sources_missing_packages_or_files_are_one_line_errors(tmp_path, monkeypatch):
     from lab import hf
     real_find_spec = importlib.util.find_spec
