@@ -362,11 +362,13 @@ def gguf_folder(path):
     """A GGUF file as a transformers folder, dequantised to float32 once and cached. Measured on 2 busy CPU cores:
     transformers reads SmolLM2's GGUF in 66 s and Gemma 3's in 224 s (145 s weights, 79 s rebuilding the tokenizer
     from the file's vocabulary); from the cached folder 2 s and 26 s (0.7 s weights, 25 s Gemma's 262k-token
-    tokenizer.json). The cache is <XDG_CACHE_HOME or ~/.cache>/corridor-gpt/gguf/<name>-<size>-<mtime_ns>: a file
+    tokenizer.json). The cache is <XDG_CACHE_HOME or ~/.cache>/corridor-gpt/gguf/<name>-<size>-<mtime_ns>-lm: a file
     rewritten in place gets a new key (old folders stay until deleted by hand; ~4 bytes per parameter)."""
     stat = os.stat(path)
     name = os.path.basename(path).removesuffix('.gguf')
-    folder = os.path.join(gguf_cache_root(), f"{name}-{stat.st_size}-{stat.st_mtime_ns}")
+    # '-lm': the folder holds the LM head (output.weight); folders from before, written from the base model alone,
+    # lost an untied head (Qwen2.5's), which a load then drew at random
+    folder = os.path.join(gguf_cache_root(), f"{name}-{stat.st_size}-{stat.st_mtime_ns}-lm")
     if os.path.isfile(os.path.join(folder, 'config.json')):
         return folder
     require_gguf_readers()
@@ -374,8 +376,8 @@ def gguf_folder(path):
     os.makedirs(gguf_cache_root(), exist_ok=True)
     print(f"dequantising {path} once into {folder} ...", file=sys.stderr)
     try:
-        model = transformers.AutoModel.from_pretrained(os.path.dirname(os.path.abspath(path)),
-                                                       gguf_file=os.path.basename(path), dtype=torch.float32)
+        model = transformers.AutoModelForCausalLM.from_pretrained(  # with its LM head: not always the embedding's
+            os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path), dtype=torch.float32)
         tokenizer = transformers.AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),
                                                                gguf_file=os.path.basename(path))
     except Exception as e:

@@ -246,6 +246,29 @@ def test_gguf_is_dequantised_once_into_a_cache_keyed_by_size_and_mtime(tmp_path,
 
 
 @needs_gguf
+def test_a_gguf_with_its_own_lm_head_keeps_it(tmp_path, cache):
+    """Qwen2.5's GGUF files hold output.weight apart from the embedding (tie_word_embeddings=False): the model read
+    from the file (through the cache) computes the written causal LM's logits, head included. A cache of the base
+    model alone once dropped that head, and the loaded model drew one at random (next-token loss 17-18 nats)."""
+    import transformers
+    from lab.hf import load_pretrained
+    torch.manual_seed(0)
+    lm = transformers.AutoModelForCausalLM.from_config(tiny_config('qwen2'), attn_implementation='eager')
+    with torch.no_grad():
+        for name, p in lm.named_parameters():
+            p.normal_(0, 0.3) if p.dim() == 2 else p.uniform_(-0.5, 0.5)
+    assert not lm.config.tie_word_embeddings and not torch.equal(lm.lm_head.weight, lm.model.embed_tokens.weight)
+    path = tmp_path / 'untied.gguf'
+    write_gguf(lm.eval(), path)
+    model, _ = load_pretrained(str(path))
+    idx = torch.randint(len(TOKENS), (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = lm(idx).logits
+        got = model(idx)[0]
+    torch.testing.assert_close(got.float(), want, atol=1e-4, rtol=1e-4)
+
+
+@needs_gguf
 def test_walk_cli_on_gguf_files(tmp_path, cache):
     import json
     text = wiki_like_text(n_docs=3, lines=5, sentences=5)
