@@ -65,16 +65,19 @@ def summarize(loaded, variants):
     return summary
 
 
-def table(setting, summary, tests, study):
-    """The markdown table of one setting's variants."""
+def table(setting, summary, tests, study, versus=True):
+    """The markdown table of one setting's variants; versus: with the column against attention (False where the
+    setting trains no attention: the pretrained study compares in its own claims table instead)."""
     n_layer = max(len(e['occupancy_by_layer']) for e in summary.values())
-    rows = ["| variant | seeds | val loss mean ± SD | − attention, paired: mean [95 % CI], p, Holm p, MDE: verdict | "
-            "mean γ, δ | in corridor | " + ' | '.join(f'L{i}' for i in range(n_layer)) + ' |',
-            '|---|---|---|---|---|---|' + '---|' * n_layer]
+    rows = ["| variant | seeds | val loss mean ± SD | "
+            + ("− attention, paired: mean [95 % CI], p, Holm p, MDE: verdict | " if versus else '')
+            + "mean γ, δ | in corridor | " + ' | '.join(f'L{i}' for i in range(n_layer)) + ' |',
+            '|---|---|---|' + '---|' * versus + '---|---|' + '---|' * n_layer]
     for variant, e in summary.items():
-        diff = tests.add(family(study, variant, 'attention'), f'{setting}: {variant} − attention',
-                         e['vs_attention_differences']) if variant != 'attention' else '–'
-        cells = [variant, str(len(e['seeds'])), f"{e['mean']:.4f} ± {e['std']:.4f}", diff]
+        cells = [variant, str(len(e['seeds'])), f"{e['mean']:.4f} ± {e['std']:.4f}"]
+        if versus:
+            cells.append(tests.add(family(study, variant, 'attention'), f'{setting}: {variant} − attention',
+                                   e['vs_attention_differences']) if variant != 'attention' else '–')
         if e['operator_scalars']:
             cells += [f"{e['gamma_mean']:+.3f}, {e['delta_mean']:.3f}", f"{e['occupancy']:.0%}",
                       *(f'{x:.0%}' for x in e['occupancy_by_layer'])]
@@ -87,33 +90,39 @@ def table(setting, summary, tests, study):
 # ------------------------------------------------------------------------------------------------ figures
 
 def plot_sweep_losses(loaded, variants, path, title):
-    """Validation loss of every variant (mean over seeds) and, beside it, its difference to attention paired by
-    seed (mean and its 95 % CI): the differences are far smaller than the curves' own fall."""
-    seeds = sorted({s for v, s in loaded if v == 'attention'})
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    """Validation loss of every variant (mean over its seeds) and, where the setting has attention runs, each
+    variant's difference to attention paired by seed (mean and its 95 % CI): the differences are far smaller than
+    the curves' own fall. A study without attention (the pretrained one) gets the left panel alone."""
+    reference = sorted({s for v, s in loaded if v == 'attention'})
+    fig, axes = plt.subplots(1, 2 if reference else 1, figsize=(12 if reference else 7, 4), squeeze=False)
+    axes = axes[0]
     for i, v in enumerate(variants):
-        common = [s for s in seeds if (v, s) in loaded]
-        if not common:
+        seeds = sorted(s for u, s in loaded if u == v)
+        if not seeds:
             continue
-        curves = torch.tensor([[e['val_loss'] for e in loaded[(v, s)]['log']] for s in common], dtype=torch.float64)
-        tokens = [e['tokens'] / 1e6 for e in loaded[(v, common[0])]['log']]
+        curves = torch.tensor([[e['val_loss'] for e in loaded[(v, s)]['log']] for s in seeds], dtype=torch.float64)
+        tokens = [e['tokens'] / 1e6 for e in loaded[(v, seeds[0])]['log']]
         skip = 1 if len(tokens) > 2 else 0  # the first evaluation (ln vocab) would flatten the rest of the curves
-        axes[0].plot(tokens[skip:], curves.mean(0)[skip:].tolist(), marker='.', color=f'C{i % 10}', label=v)
-        if v != 'attention':
-            diff = curves - torch.tensor([[e['val_loss'] for e in loaded[('attention', s)]['log']] for s in common],
-                                         dtype=torch.float64)
-            ci = [ci_half_width(diff[:, j].tolist()) for j in range(len(tokens))]
-            axes[1].errorbar(tokens[skip:], diff.mean(0)[skip:].tolist(), yerr=ci[skip:], marker='.',
+        axes[0].plot(tokens[skip:], curves.mean(0)[skip:].tolist(), marker='.', color=f'C{i % 10}',
+                     label=f'{v} ({len(seeds)} seed{"s" if len(seeds) > 1 else ""})')
+        common = [s for s in seeds if s in reference]
+        if v != 'attention' and common:
+            diff = torch.tensor([[e['val_loss'] - r['val_loss'] for e, r in zip(loaded[(v, s)]['log'],
+                                                                                loaded[('attention', s)]['log'])]
+                                 for s in common], dtype=torch.float64)
+            ci = [ci_half_width(diff[:, j].tolist()) for j in range(diff.shape[1])]
+            axes[1].errorbar(tokens[skip:diff.shape[1]], diff.mean(0)[skip:].tolist(), yerr=ci[skip:], marker='.',
                              capsize=2, color=f'C{i % 10}', label=v)
     axes[0].set_title(f'{title}: validation loss, mean over seeds', fontsize=10)
     axes[0].set_ylabel('loss (nats per token)')
-    axes[1].axhline(0, color='black', lw=0.8)
-    axes[1].set_title('difference to attention, paired by seed (mean, 95 % CI)', fontsize=10)
-    axes[1].set_ylabel('Δ loss (nats per token)')
+    axes[0].legend(fontsize=7)
+    if reference:
+        axes[1].axhline(0, color='black', lw=0.8)
+        axes[1].set_title('difference to attention, paired by seed (mean, 95 % CI)', fontsize=10)
+        axes[1].set_ylabel('Δ loss (nats per token)')
+        axes[1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
     for ax in axes:
         ax.set_xlabel('tokens seen (millions)')
-    axes[0].legend(fontsize=7)
-    axes[1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
     return save(fig, path)
 
 
@@ -643,7 +652,8 @@ def report(name, study, runs, out):
         first = next(iter(summary.values()))
         lines += [f"## {setting}: {millions(first['non_embedding_params'])} non-embedding parameters "
                   f"({millions(first['params'])} with the token embeddings), {first['tokens'] / 1e6:.2f}M tokens per run",
-                  '', table(setting, summary, tests, name), '']
+                  '', table(setting, summary, tests, name,
+                            versus=any(v == 'attention' for s, v, _ in runs if (s or 'sweep') == setting)), '']
         setting_figures(setting, loaded, summary, out)
     lines += globals()[study.figures](results, out, tests, name)
     tests.finish()

@@ -506,6 +506,30 @@ def test_the_pretrained_plan_counts_the_models_own_parameters_and_no_weight_grad
     assert hours['full'] / hours['operator'] == pytest.approx(6 / 4 * tokens['full'] / tokens['operator'], rel=0.02)
 
 
+def test_the_loss_figure_draws_every_variant_and_pairs_with_attention_only_where_there_is_attention(monkeypatch):
+    """Left panel: each variant's mean curve over its own seeds; right panel, only with attention runs: each
+    variant − attention by seed. The pretrained study has no attention: its figure was two empty panels."""
+    drawn = []
+    monkeypatch.setattr(reports, 'save', lambda fig, path: drawn.append(fig))
+
+    def run(*losses):
+        return dict(log=[dict(tokens=i * 1000, val_loss=v) for i, v in enumerate(losses)])
+    without = {('corridor', 0): run(9, 3.0, 2.8, 2.6), ('corridor', 1): run(9, 3.2, 3.0, 2.8),
+               ('delta_only', 0): run(9, 3.1, 2.9, 2.7)}
+    reports.plot_sweep_losses(without, ['corridor', 'delta_only'], 'unused.png', 'wiki')
+    (ax,) = drawn.pop().axes
+    lines = {line.get_label(): line.get_ydata().tolist() for line in ax.get_lines()}
+    assert lines == {'corridor (2 seeds)': pytest.approx([3.1, 2.9, 2.7]), 'delta_only (1 seed)': [3.1, 2.9, 2.7]}
+
+    with_attention = {**without, ('attention', 0): run(9, 3.3, 3.0, 2.9), ('attention', 1): run(9, 3.3, 3.1, 3.0)}
+    reports.plot_sweep_losses(with_attention, ['attention', 'corridor', 'delta_only'], 'unused.png', 'wiki')
+    left, right = drawn.pop().axes
+    assert len(left.get_lines()) == 3
+    differences = {c.get_label(): c.lines[0].get_ydata().tolist() for c in right.containers}
+    assert differences == {'corridor': pytest.approx([-0.2, -0.15, -0.25]),  # seeds 0 and 1
+                           'delta_only': pytest.approx([-0.2, -0.1, -0.2])}                 # seed 0 alone
+
+
 def test_the_pretrained_report_pairs_the_corridor_with_delta_only_and_with_the_frozen_model(tmp_path):
     """Made-up runs of two seeds: corridor − δ-only is paired at the final evaluation, each − frozen against its own
     run's evaluation at iteration 0 (γ = 0, δ = 1: the frozen model on the same batches)."""
@@ -674,6 +698,9 @@ def test_a_pretrained_study_evaluates_the_frozen_curve_trains_and_reports_end_to
     report = (tmp_path / 'tiny_pretrained' / 'report.md').read_text()
     assert '| tiny/operator | (c) | gamma_nonneg − corridor | 1 | ' in report and '| -0.05 | ' in report
     assert '| tiny/operator | forms | alpha − corridor | 0 | not trained yet |' in report
+    # no attention in this study: its variant table has no column against it (the claims table compares)
+    assert '| variant | seeds | val loss mean ± SD | mean γ, δ | in corridor | L0 |' in report
+    assert '− attention' not in report
     assert (tmp_path / 'tiny_pretrained' / 'pretrained_claims_tiny_operator.png').stat().st_size > 1000
     monkeypatch.setattr(sweep.subprocess, 'Popen', lambda *a, **k: pytest.fail('trained again'))
     before = (tmp_path / 'tiny' / 'operator' / 'frozen_gamma.json').stat().st_mtime_ns
