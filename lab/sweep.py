@@ -27,6 +27,7 @@ than X', X the CI's bound farthest from zero (lab/stats.py, through scipy.stats)
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -45,6 +46,8 @@ from lab.studies import (CPU, FROZEN_SEED, PRETRAINED_GAMMAS, Part, SETTINGS, ST
                          frozen_settings, millions, non_embedding_params, parse_variant, run_state)
 
 # ------------------------------------------------------------------------------------------------ running
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # train.py saves a checkpoint and exits 128 + the signal's number
 
 
 def plan_runs(parts, out_root, base, train_args, need_data=True):
@@ -137,7 +140,9 @@ def print_plan(runs):
 def train_all(runs, parallel, gpus_per_run=1):
     """Train every run that is not finished, `parallel` at a time; interrupted ones resume. On a machine with GPUs
     each run gets gpus_per_run of its own (CUDA_VISIBLE_DEVICES, under torchrun when more than one), so at most
-    visible GPUs // gpus_per_run run at once and the others wait."""
+    visible GPUs // gpus_per_run run at once and the others wait. Ctrl-C or SIGTERM (to the sweep, or to one of
+    its train.py) stops the sweep: nothing more starts, the running runs save a checkpoint and stop, and the sweep
+    exits 128 + the signal's number, like train.py; the same command resumes it."""
     states = {key: run_state(out_dir) for key, (out_dir, _) in runs.items()}
     todo = [key for key in runs if states[key] != 'done']
     print(f"{len(runs)} runs: {len(runs) - len(todo)} finished, {len(todo)} to train")
@@ -147,30 +152,54 @@ def train_all(runs, parallel, gpus_per_run=1):
     if gpus:
         print(f"GPUs {','.join(gpus)}: {len(free)} run(s) at a time on {', '.join(','.join(s) for s in free)}")
     threads = max(1, (os.cpu_count() or 1) // (len(free) * (gpus_per_run if gpus else 1)))
-    running, failed = [], []
-    with tqdm(total=len(todo), desc='sweep', unit='run') as bar:
-        while todo or running:
-            while todo and free:
-                key, slot = todo.pop(0), free.pop(0)
-                out_dir, args = runs[key]
-                os.makedirs(out_dir, exist_ok=True)
-                log = open(os.path.join(out_dir, 'train.log'), 'a')
-                command, env = launch.local_process(launch.run_args(out_dir, args, states[key]), slot, threads,
-                                                    gpus_per_run)
-                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-                running.append((process, log, out_dir, slot))
-            time.sleep(0.5)
-            for entry in [r for r in running if r[0].poll() is not None]:
-                process, log, out_dir, slot = entry
-                log.close()
-                running.remove(entry)
-                free.append(slot)  # its GPUs go to the next run in the queue
-                if process.returncode != 0:
-                    failed.append(out_dir)
-                    tqdm.write(f"failed: {out_dir} (see {out_dir}/train.log)")
-                bar.update(1)
+    running, failed, stopped_by = [], [], []
+
+    def stop(signum, frame):
+        stopped_by.append(signum)
+        todo.clear()
+        for signal_ in STOP_SIGNALS:  # a second signal does what it would have done without the sweep
+            signal.signal(signal_, previous[signal_])
+        if signum == signal.SIGTERM:  # Ctrl-C reached every train.py already (one process group); SIGTERM did not
+            for process, *_ in running:
+                process.send_signal(signal.SIGTERM)
+        tqdm.write("stopping: the running runs save a checkpoint and stop (again to abort now)")
+
+    previous = {signal_: signal.signal(signal_, stop) for signal_ in STOP_SIGNALS}
+    try:
+        with tqdm(total=len(todo), desc='sweep', unit='run') as bar:
+            while todo or running:
+                while todo and free:
+                    key, slot = todo.pop(0), free.pop(0)
+                    out_dir, args = runs[key]
+                    os.makedirs(out_dir, exist_ok=True)
+                    log = open(os.path.join(out_dir, 'train.log'), 'a')
+                    command, env = launch.local_process(launch.run_args(out_dir, args, states[key]), slot, threads,
+                                                        gpus_per_run)
+                    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+                    running.append((process, log, out_dir, slot))
+                time.sleep(0.5)
+                for entry in [r for r in running if r[0].poll() is not None]:
+                    process, log, out_dir, slot = entry
+                    log.close()
+                    running.remove(entry)
+                    free.append(slot)  # its GPUs go to the next run in the queue
+                    if process.returncode - 128 in STOP_SIGNALS:  # train.py saved its state and stopped on a signal
+                        if not stopped_by:
+                            stop(process.returncode - 128, None)
+                        continue  # not trained yet: the bar counts finished and failed runs
+                    if process.returncode != 0:
+                        failed.append(out_dir)
+                        tqdm.write(f"failed: {out_dir} (see {out_dir}/train.log)")
+                    bar.update(1)
+    finally:
+        if not stopped_by:
+            for signal_ in STOP_SIGNALS:
+                signal.signal(signal_, previous[signal_])
     if failed:
         raise UserError(f"{len(failed)} run(s) failed, e.g. {failed[0]}/train.log; rerun to retry them")
+    if stopped_by:
+        print("stopped; the same command resumes the sweep", file=sys.stderr)
+        sys.exit(128 + stopped_by[0])
 
 
 def frozen_gamma_losses(setting, out_root, gammas=PRETRAINED_GAMMAS, seed=FROZEN_SEED, train_args=()):

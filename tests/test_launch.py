@@ -4,6 +4,7 @@ one-node SLURM (tests/slurm_local.sh), each interrupted run resumed to the same 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ import time
 import pytest
 import torch
 
-from common import load_checkpoint
+from common import UserError, load_checkpoint
 from conftest import REPO, TINY_TRAIN_ARGS, run_script
 from lab import launch, sweep
 from lab.studies import Part, run_state
@@ -122,6 +123,74 @@ def test_train_all_gives_each_run_gpus_of_its_own_and_queues_the_rest(tmp_path, 
     torchrun = [c for c, _ in started if 'torch.distributed.run' in c]
     assert len(torchrun) == (7 if gpus_per_run == 2 else 0)
     assert all('--nproc_per_node=2' in c for c in torchrun)
+
+
+class ScriptedProcess:
+    """A fake train.py: exits with `returncodes[n]` (0 unless listed) at its third poll, n its start order, or
+    at the poll after a SIGTERM with 128 + 15, as train.py does once it saved its checkpoint."""
+    started, signalled, returncodes, on_first_poll = [], [], {}, None
+
+    def __init__(self, command, stdout, stderr, env):
+        self.n, self.polls, self.returncode, self.term = len(self.started), 0, None, False
+        self.started.append(self)
+
+    def send_signal(self, signum):
+        assert signum == signal.SIGTERM
+        self.signalled.append(self.n)
+        self.term = True
+
+    def poll(self):
+        self.polls += 1
+        if self.polls == 1 and self.n == 0 and type(self).on_first_poll:
+            type(self).on_first_poll()
+        if self.returncode is None and (self.term or self.polls >= 3):
+            self.returncode = 128 + signal.SIGTERM if self.term else self.returncodes.get(self.n, 0)
+        return self.returncode
+
+
+@pytest.fixture
+def scripted(tmp_path, monkeypatch):
+    """Four runs for sweep.train_all, two at a time, through ScriptedProcess; yields (runs, the class)."""
+    monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
+    monkeypatch.setattr(launch, 'visible_gpus', lambda: [])
+    monkeypatch.setattr(ScriptedProcess, 'started', [])
+    monkeypatch.setattr(ScriptedProcess, 'signalled', [])
+    monkeypatch.setattr(sweep.subprocess, 'Popen', ScriptedProcess)
+    monkeypatch.setattr(sweep.time, 'sleep', lambda s: None)
+    handlers = {s: signal.getsignal(s) for s in sweep.STOP_SIGNALS}
+    yield {('s', 'v', seed): (str(tmp_path / f'v-s{seed}'), [f'--seed={seed}']) for seed in range(4)}, ScriptedProcess
+    assert {s: signal.getsignal(s) for s in sweep.STOP_SIGNALS} == handlers  # the sweep put the handlers back
+
+
+def test_train_all_trains_the_rest_when_a_run_fails_and_says_which(scripted, monkeypatch):
+    runs, process = scripted
+    monkeypatch.setattr(process, 'returncodes', {1: 1})
+    with pytest.raises(UserError, match=r"1 run\(s\) failed, e.g. .*v-s1/train.log"):
+        sweep.train_all(runs, parallel=2)
+    assert len(process.started) == 4 and process.signalled == []
+
+
+def test_train_all_starts_nothing_more_once_a_run_stopped_on_a_signal(scripted, monkeypatch, capsys):
+    """train.py's exit 128 + SIGINT (Ctrl-C; it saved a checkpoint) is a stop, not a failure: the queue stays put,
+    the other running run finishes, and the sweep exits as train.py did."""
+    runs, process = scripted
+    monkeypatch.setattr(process, 'returncodes', {0: 128 + signal.SIGINT})
+    with pytest.raises(SystemExit) as stopped:
+        sweep.train_all(runs, parallel=2)
+    assert stopped.value.code == 128 + signal.SIGINT
+    assert len(process.started) == 2 and process.signalled == []  # Ctrl-C had reached the other run already
+    err = capsys.readouterr().err
+    assert 'the same command resumes' in err and 'failed' not in err
+
+
+def test_train_all_passes_its_own_sigterm_to_the_running_runs(scripted, monkeypatch, capsys):
+    runs, process = scripted
+    monkeypatch.setattr(process, 'on_first_poll', lambda: os.kill(os.getpid(), signal.SIGTERM))
+    with pytest.raises(SystemExit) as stopped:
+        sweep.train_all(runs, parallel=2)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert len(process.started) == 2 and sorted(process.signalled) == [0, 1]
+    assert 'failed' not in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------ any scheduler
