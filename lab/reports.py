@@ -93,8 +93,8 @@ def plot_sweep_losses(loaded, variants, path, title):
     """Validation loss of every variant (mean over its seeds) and, where the setting has attention runs, each
     variant's difference to attention paired by seed (mean and its 95 % CI): the differences are far smaller than
     the curves' own fall. A study without attention (the pretrained one) gets the left panel alone."""
-    reference = sorted({s for v, s in loaded if v == 'attention'})
-    fig, axes = plt.subplots(1, 2 if reference else 1, figsize=(12 if reference else 7, 4), squeeze=False)
+    attention_seeds = sorted({s for v, s in loaded if v == 'attention'})
+    fig, axes = plt.subplots(1, 2 if attention_seeds else 1, figsize=(12 if attention_seeds else 7, 4), squeeze=False)
     axes = axes[0]
     for i, v in enumerate(variants):
         seeds = sorted(s for u, s in loaded if u == v)
@@ -105,7 +105,7 @@ def plot_sweep_losses(loaded, variants, path, title):
         skip = 1 if len(tokens) > 2 else 0  # the first evaluation (ln vocab) would flatten the rest of the curves
         axes[0].plot(tokens[skip:], curves.mean(0)[skip:].tolist(), marker='.', color=f'C{i % 10}',
                      label=f'{v} ({len(seeds)} seed{"s" if len(seeds) > 1 else ""})')
-        common = [s for s in seeds if s in reference]
+        common = [s for s in seeds if s in attention_seeds]
         if v != 'attention' and common:
             diff = torch.tensor([[e['val_loss'] - r['val_loss'] for e, r in zip(loaded[(v, s)]['log'],
                                                                                 loaded[('attention', s)]['log'])]
@@ -116,7 +116,7 @@ def plot_sweep_losses(loaded, variants, path, title):
     axes[0].set_title(f'{title}: validation loss, mean over seeds', fontsize=10)
     axes[0].set_ylabel('loss (nats per token)')
     axes[0].legend(fontsize=7)
-    if reference:
+    if attention_seeds:
         axes[1].axhline(0, color='black', lw=0.8)
         axes[1].set_title('difference to attention, paired by seed (mean, 95 % CI)', fontsize=10)
         axes[1].set_ylabel('Δ loss (nats per token)')
@@ -630,7 +630,9 @@ STATISTICS = ("Final validation loss (nats per token). Every difference is paire
 def report(name, study, runs, out):
     """Load every finished run, write OUT/report.md, report.json and the figures; print the report."""
     os.makedirs(out, exist_ok=True)
-    results, skipped = {}, []
+    results, skipped, planned = {}, [], {}  # planned: each setting's variants (canonical specs), in the study's order
+    for setting, variant, _ in runs:
+        planned.setdefault(setting or 'sweep', {})[variant] = None
     for setting in dict.fromkeys(key[0] for key in runs):
         loaded = {}
         for (s, variant, seed), (out_dir, _) in runs.items():
@@ -641,8 +643,7 @@ def report(name, study, runs, out):
             else:
                 skipped.append(out_dir)
         if loaded:
-            variants = list(dict.fromkeys(v for (s, v, _) in runs if s == setting))  # canonical specs
-            results[setting or 'sweep'] = (loaded, summarize(loaded, variants))
+            results[setting or 'sweep'] = (loaded, summarize(loaded, list(planned[setting or 'sweep'])))
     if not results and study.figures != 'pretrained_figures':  # (whose frozen curve needs no run)
         raise UserError(f"no finished run to report yet ({len(runs)} planned)")
     tests = Tests()
@@ -652,8 +653,7 @@ def report(name, study, runs, out):
         first = next(iter(summary.values()))
         lines += [f"## {setting}: {millions(first['non_embedding_params'])} non-embedding parameters "
                   f"({millions(first['params'])} with the token embeddings), {first['tokens'] / 1e6:.2f}M tokens per run",
-                  '', table(setting, summary, tests, name,
-                            versus=any(v == 'attention' for s, v, _ in runs if (s or 'sweep') == setting)), '']
+                  '', table(setting, summary, tests, name, versus='attention' in planned[setting]), '']
         setting_figures(setting, loaded, summary, out)
     lines += globals()[study.figures](results, out, tests, name)
     tests.finish()
