@@ -140,9 +140,13 @@ def print_plan(runs):
 def train_all(runs, parallel, gpus_per_run=1):
     """Train every run that is not finished, `parallel` at a time; interrupted ones resume. On a machine with GPUs
     each run gets gpus_per_run of its own (CUDA_VISIBLE_DEVICES, under torchrun when more than one), so at most
-    visible GPUs // gpus_per_run run at once and the others wait. Ctrl-C or SIGTERM (to the sweep, or to one of
-    its train.py) stops the sweep: nothing more starts, the running runs save a checkpoint and stop, and the sweep
-    exits 128 + the signal's number, like train.py; the same command resumes it."""
+    visible GPUs // gpus_per_run run at once and the others wait.
+
+    Stopping: Ctrl-C or SIGTERM to the sweep starts nothing more and passes one SIGTERM to every running run (each
+    in its own session, so that no run gets a signal twice and aborts before saving); each saves a checkpoint and
+    stops, a second signal aborts them, and the sweep exits 128 + the signal's number, as train.py does. A run
+    stopped by a signal of its own (`kill PID`) starts nothing more either; the other runs finish. The same
+    command resumes the sweep."""
     states = {key: run_state(out_dir) for key, (out_dir, _) in runs.items()}
     todo = [key for key in runs if states[key] != 'done']
     print(f"{len(runs)} runs: {len(runs) - len(todo)} finished, {len(todo)} to train")
@@ -152,19 +156,19 @@ def train_all(runs, parallel, gpus_per_run=1):
     if gpus:
         print(f"GPUs {','.join(gpus)}: {len(free)} run(s) at a time on {', '.join(','.join(s) for s in free)}")
     threads = max(1, (os.cpu_count() or 1) // (len(free) * (gpus_per_run if gpus else 1)))
-    running, failed, stopped_by = [], [], []
+    running, failed, stop, signalled = [], [], [], set()  # stop: [signal number, passed on to the runs?]
 
-    def stop(signum, frame):
-        stopped_by.append(signum)
+    def on_signal(signum, frame):  # records the request; the loop below passes it on
         todo.clear()
-        for signal_ in STOP_SIGNALS:  # a second signal does what it would have done without the sweep
-            signal.signal(signal_, previous[signal_])
-        if signum == signal.SIGTERM:  # Ctrl-C reached every train.py already (one process group); SIGTERM did not
+        if stop and stop[1]:  # the second signal: abort the runs and the sweep now
             for process, *_ in running:
                 process.send_signal(signal.SIGTERM)
+            tqdm.write("aborted")
+            sys.exit(128 + signum)
+        stop[:] = [signum, True]
         tqdm.write("stopping: the running runs save a checkpoint and stop (again to abort now)")
 
-    previous = {signal_: signal.signal(signal_, stop) for signal_ in STOP_SIGNALS}
+    previous = {signum: signal.signal(signum, on_signal) for signum in STOP_SIGNALS}
     try:
         with tqdm(total=len(todo), desc='sweep', unit='run') as bar:
             while todo or running:
@@ -175,31 +179,42 @@ def train_all(runs, parallel, gpus_per_run=1):
                     log = open(os.path.join(out_dir, 'train.log'), 'a')
                     command, env = launch.local_process(launch.run_args(out_dir, args, states[key]), slot, threads,
                                                         gpus_per_run)
-                    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+                    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                               start_new_session=True)  # signals reach it through the sweep only
                     running.append((process, log, out_dir, slot))
+                if stop and stop[1]:  # here, not in the handler: a run started just as the signal came gets it too
+                    for process, *_ in running:
+                        if process.pid not in signalled:
+                            signalled.add(process.pid)
+                            process.send_signal(signal.SIGTERM)
                 time.sleep(0.5)
                 for entry in [r for r in running if r[0].poll() is not None]:
                     process, log, out_dir, slot = entry
                     log.close()
                     running.remove(entry)
                     free.append(slot)  # its GPUs go to the next run in the queue
-                    if process.returncode - 128 in STOP_SIGNALS:  # train.py saved its state and stopped on a signal
-                        if not stopped_by:
-                            stop(process.returncode - 128, None)
+                    code = process.returncode
+                    signum = code - 128 if code > 128 else -code  # train.py's exit, or killed before its handler
+                    # a run the sweep stopped is not a failure, whatever it exits (torchrun: 1 once its workers stop)
+                    if code != 0 and (process.pid in signalled or signum in STOP_SIGNALS):
+                        if not stop:
+                            todo.clear()
+                            stop[:] = [signum, False]  # a signal to this run alone: the others finish
+                            tqdm.write(f"stopped: {out_dir} (signal {signum}); no new run starts")
                         continue  # not trained yet: the bar counts finished and failed runs
-                    if process.returncode != 0:
+                    if code != 0:
                         failed.append(out_dir)
                         tqdm.write(f"failed: {out_dir} (see {out_dir}/train.log)")
                     bar.update(1)
     finally:
-        if not stopped_by:
-            for signal_ in STOP_SIGNALS:
-                signal.signal(signal_, previous[signal_])
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, previous[signum])
+    failures = f"{len(failed)} run(s) failed, e.g. {failed[0]}/train.log; " if failed else ""
+    if stop:
+        print(f"{failures}stopped; the same command resumes the sweep", file=sys.stderr)
+        sys.exit(128 + stop[0])
     if failed:
-        raise UserError(f"{len(failed)} run(s) failed, e.g. {failed[0]}/train.log; rerun to retry them")
-    if stopped_by:
-        print("stopped; the same command resumes the sweep", file=sys.stderr)
-        sys.exit(128 + stopped_by[0])
+        raise UserError(f"{failures}rerun to retry them")
 
 
 def frozen_gamma_losses(setting, out_root, gammas=PRETRAINED_GAMMAS, seed=FROZEN_SEED, train_args=()):

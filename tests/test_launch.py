@@ -100,7 +100,7 @@ def test_train_all_gives_each_run_gpus_of_its_own_and_queues_the_rest(tmp_path, 
     started, running = [], set()
 
     class FakeProcess:  # a run that ends at its third poll; no GPU, no train.py
-        def __init__(self, command, stdout, stderr, env):
+        def __init__(self, command, stdout, stderr, env, start_new_session):
             gpus = env['CUDA_VISIBLE_DEVICES']
             assert gpus not in running, f"GPUs {gpus} given to two runs at once"
             running.add(gpus)
@@ -126,71 +126,120 @@ def test_train_all_gives_each_run_gpus_of_its_own_and_queues_the_rest(tmp_path, 
 
 
 class ScriptedProcess:
-    """A fake train.py: exits with `returncodes[n]` (0 unless listed) at its third poll, n its start order, or
-    at the poll after a SIGTERM with 128 + 15, as train.py does once it saved its checkpoint."""
-    started, signalled, returncodes, on_first_poll = [], [], {}, None
+    """A fake train.py for sweep.train_all, n its start order: exits with `returncodes[n]` (0 unless listed) at its
+    third poll, or `term_polls` polls after a SIGTERM with `term_code` (train.py: 128 + 15, once it saved; torchrun:
+    1). `events[(n, k)]` runs at its k-th poll, e.g. a signal to the sweep."""
+    started, returncodes, events, term_code, term_polls = [], {}, {}, 128 + signal.SIGTERM, 1
 
-    def __init__(self, command, stdout, stderr, env):
-        self.n, self.polls, self.returncode, self.term = len(self.started), 0, None, False
+    def __init__(self, command, stdout, stderr, env, start_new_session=False):
+        assert start_new_session, "a run shares the sweep's process group: Ctrl-C would reach it twice"
+        self.n, self.polls, self.returncode, self.signals = len(self.started), 0, None, 0
+        self.pid = 1000 + self.n
         self.started.append(self)
 
     def send_signal(self, signum):
         assert signum == signal.SIGTERM
-        self.signalled.append(self.n)
-        self.term = True
+        self.signals += 1
+        self.term_at = self.polls + self.term_polls
 
     def poll(self):
         self.polls += 1
-        if self.polls == 1 and self.n == 0 and type(self).on_first_poll:
-            type(self).on_first_poll()
-        if self.returncode is None and (self.term or self.polls >= 3):
-            self.returncode = 128 + signal.SIGTERM if self.term else self.returncodes.get(self.n, 0)
+        if (self.n, self.polls) in self.events:
+            self.events[(self.n, self.polls)]()
+        if self.returncode is None and self.signals and self.polls >= self.term_at:
+            self.returncode = self.term_code
+        elif self.returncode is None and self.polls >= 3:
+            self.returncode = self.returncodes.get(self.n, 0)
         return self.returncode
+
+
+def signal_the_sweep(signum):
+    return lambda: os.kill(os.getpid(), signum)
 
 
 @pytest.fixture
 def scripted(tmp_path, monkeypatch):
-    """Four runs for sweep.train_all, two at a time, through ScriptedProcess; yields (runs, the class)."""
+    """Four runs for sweep.train_all, two at a time, through ScriptedProcess; yields (runs, the class). SIGINT and
+    SIGTERM fail the test unless the sweep handles them, and must be handed back to that handler afterwards."""
     monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
     monkeypatch.setattr(launch, 'visible_gpus', lambda: [])
-    monkeypatch.setattr(ScriptedProcess, 'started', [])
-    monkeypatch.setattr(ScriptedProcess, 'signalled', [])
+    for attr, value in dict(started=[], returncodes={}, events={}).items():
+        monkeypatch.setattr(ScriptedProcess, attr, value)
     monkeypatch.setattr(sweep.subprocess, 'Popen', ScriptedProcess)
     monkeypatch.setattr(sweep.time, 'sleep', lambda s: None)
-    handlers = {s: signal.getsignal(s) for s in sweep.STOP_SIGNALS}
-    yield {('s', 'v', seed): (str(tmp_path / f'v-s{seed}'), [f'--seed={seed}']) for seed in range(4)}, ScriptedProcess
-    assert {s: signal.getsignal(s) for s in sweep.STOP_SIGNALS} == handlers  # the sweep put the handlers back
+
+    def unhandled(signum, frame):
+        pytest.fail(f"signal {signum} reached the test, not the sweep's handler")
+
+    originals = {s: signal.signal(s, unhandled) for s in sweep.STOP_SIGNALS}
+    try:
+        runs = {('s', 'v', seed): (str(tmp_path / f'v-s{seed}'), [f'--seed={seed}']) for seed in range(4)}
+        yield runs, ScriptedProcess
+        assert all(signal.getsignal(s) is unhandled for s in sweep.STOP_SIGNALS), "the sweep kept its handlers"
+    finally:
+        for s, handler in originals.items():
+            signal.signal(s, handler)
 
 
 def test_train_all_trains_the_rest_when_a_run_fails_and_says_which(scripted, monkeypatch):
     runs, process = scripted
     monkeypatch.setattr(process, 'returncodes', {1: 1})
-    with pytest.raises(UserError, match=r"1 run\(s\) failed, e.g. .*v-s1/train.log"):
+    with pytest.raises(UserError, match=r"1 run\(s\) failed, e.g. .*v-s1/train.log; rerun"):
         sweep.train_all(runs, parallel=2)
-    assert len(process.started) == 4 and process.signalled == []
+    assert len(process.started) == 4 and all(p.signals == 0 for p in process.started)
 
 
-def test_train_all_starts_nothing_more_once_a_run_stopped_on_a_signal(scripted, monkeypatch, capsys):
-    """train.py's exit 128 + SIGINT (Ctrl-C; it saved a checkpoint) is a stop, not a failure: the queue stays put,
-    the other running run finishes, and the sweep exits as train.py did."""
+@pytest.mark.parametrize('code', [128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGTERM])
+def test_a_run_stopped_by_its_own_signal_starts_nothing_more(scripted, monkeypatch, capsys, code):
+    """`kill PID` of one train.py: it saves and exits 128 + the signal (or, before its handler is in place, dies of
+    it): a stop, not a failure; nothing more starts, the other running run finishes unsignalled."""
     runs, process = scripted
-    monkeypatch.setattr(process, 'returncodes', {0: 128 + signal.SIGINT})
+    monkeypatch.setattr(process, 'returncodes', {0: code})
     with pytest.raises(SystemExit) as stopped:
         sweep.train_all(runs, parallel=2)
-    assert stopped.value.code == 128 + signal.SIGINT
-    assert len(process.started) == 2 and process.signalled == []  # Ctrl-C had reached the other run already
+    assert stopped.value.code == 128 + abs(code) % 128
+    assert len(process.started) == 2 and process.started[1].returncode == 0
+    assert all(p.signals == 0 for p in process.started)
     err = capsys.readouterr().err
     assert 'the same command resumes' in err and 'failed' not in err
 
 
-def test_train_all_passes_its_own_sigterm_to_the_running_runs(scripted, monkeypatch, capsys):
+@pytest.mark.parametrize('signum', sweep.STOP_SIGNALS)
+@pytest.mark.parametrize('term_code', [128 + signal.SIGTERM, 1])  # train.py; torchrun once its workers stopped
+def test_the_sweeps_own_signal_reaches_every_running_run_once(scripted, monkeypatch, capsys, signum, term_code):
     runs, process = scripted
-    monkeypatch.setattr(process, 'on_first_poll', lambda: os.kill(os.getpid(), signal.SIGTERM))
+    monkeypatch.setattr(process, 'term_code', term_code)
+    monkeypatch.setattr(process, 'events', {(0, 1): signal_the_sweep(signum)})
+    with pytest.raises(SystemExit) as stopped:
+        sweep.train_all(runs, parallel=2)
+    assert stopped.value.code == 128 + signum
+    assert len(process.started) == 2 and [p.signals for p in process.started] == [1, 1]
+    assert [p.returncode for p in process.started] == [term_code] * 2
+    err = capsys.readouterr().err
+    assert 'the same command resumes' in err and 'failed' not in err
+
+
+def test_a_second_signal_aborts_the_runs_and_the_sweep(scripted, monkeypatch):
+    runs, process = scripted
+    monkeypatch.setattr(process, 'term_polls', 5)  # still saving when the second signal comes
+    monkeypatch.setattr(process, 'events', {(0, 1): signal_the_sweep(signal.SIGINT),
+                                            (1, 2): signal_the_sweep(signal.SIGINT)})
+    with pytest.raises(SystemExit) as aborted:
+        sweep.train_all(runs, parallel=2)
+    assert aborted.value.code == 128 + signal.SIGINT
+    assert len(process.started) == 2 and [p.signals for p in process.started] == [2, 2]  # train.py: abort now
+
+
+def test_a_stop_after_a_failure_exits_as_a_stop_and_names_the_failure(scripted, monkeypatch, capsys):
+    runs, process = scripted
+    monkeypatch.setattr(process, 'returncodes', {0: 1})  # fails at its 3rd poll, as run 1 finishes: runs 2 and 3 start
+    monkeypatch.setattr(process, 'events', {(2, 1): signal_the_sweep(signal.SIGTERM)})
     with pytest.raises(SystemExit) as stopped:
         sweep.train_all(runs, parallel=2)
     assert stopped.value.code == 128 + signal.SIGTERM
-    assert len(process.started) == 2 and sorted(process.signalled) == [0, 1]
-    assert 'failed' not in capsys.readouterr().err
+    assert [p.signals for p in process.started] == [0, 0, 1, 1]
+    err = capsys.readouterr().err
+    assert '1 run(s) failed, e.g.' in err and 'v-s0/train.log' in err and 'the same command resumes' in err
 
 
 # ------------------------------------------------------------------------------------------------ any scheduler
