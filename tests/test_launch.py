@@ -242,6 +242,32 @@ def test_a_stop_after_a_failure_exits_as_a_stop_and_names_the_failure(scripted, 
     assert '1 run(s) failed, e.g.' in err and 'v-s0/train.log' in err and 'the same command resumes' in err
 
 
+def test_ctrl_c_to_a_local_sweep_stops_its_runs_once_and_the_same_command_resumes_them_bit_exactly(
+        tiny_data_root, tmp_path, straight):
+    """Real train.py runs: Ctrl-C (SIGINT to the terminal's process group, here the sweep's alone) reaches each run
+    once through the sweep; each saves, the sweep exits 130, and rerunning it ends as if never stopped."""
+    args = [sys.executable, '-m', 'lab.sweep', f'--variants={",".join(VARIANTS)}', '--seeds=1', '--parallel=2',
+            f'--out_root={tmp_path}', f'--base={BASE}', '--', *RUN, f'--data_root={tiny_data_root}']
+    dirs = {v: str(tmp_path / f'{v}-s0') for v in VARIANTS}
+    first = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        wait_for(lambda: all(evaluated(d) for d in dirs.values()), 120, "both runs to start training")
+        os.killpg(first.pid, signal.SIGINT)
+        out, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert first.returncode == 128 + signal.SIGINT, err[-3000:]
+    assert 'the same command resumes' in err and 'failed' not in out + err
+    logs = [open(os.path.join(d, 'train.log')).read() for d in dirs.values()]
+    assert all('stopped at iter' in log and 'Traceback' not in log for log in logs)  # saved, not aborted
+    again = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for v in VARIANTS:
+        assert_same_as_straight(dirs[v], straight[v])
+
+
 # ------------------------------------------------------------------------------------------------ any scheduler
 
 def test_printed_commands_run_as_they_are_from_anywhere(tiny_data_root, tmp_path):
