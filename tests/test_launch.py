@@ -127,9 +127,9 @@ def test_train_all_gives_each_run_gpus_of_its_own_and_queues_the_rest(tmp_path, 
 
 class ScriptedProcess:
     """A fake train.py for sweep.train_all, n its start order: exits with `returncodes[n]` (0 unless listed) at its
-    third poll, or `term_polls` polls after a SIGTERM with `term_code` (train.py: 128 + 15, once it saved; torchrun:
-    1). `events[(n, k)]` runs at its k-th poll, e.g. a signal to the sweep."""
-    started, returncodes, events, term_code, term_polls = [], {}, {}, 128 + signal.SIGTERM, 1
+    `lifetimes[n]`-th poll (3 unless listed), or `term_polls` polls after a SIGTERM with `term_code` (train.py:
+    128 + 15, once it saved; torchrun: 1). `events[(n, k)]` runs at its k-th poll, e.g. a signal to the sweep."""
+    started, returncodes, lifetimes, events, term_code, term_polls = [], {}, {}, {}, 128 + signal.SIGTERM, 1
 
     def __init__(self, command, stdout, stderr, env, start_new_session=False):
         assert start_new_session, "a run shares the sweep's process group: Ctrl-C would reach it twice"
@@ -140,7 +140,8 @@ class ScriptedProcess:
     def send_signal(self, signum):
         assert signum == signal.SIGTERM
         self.signals += 1
-        self.term_at = self.polls + self.term_polls
+        if self.signals == 1:  # saving takes term_polls from the first signal on (a later one would abort it)
+            self.term_at = self.polls + self.term_polls
 
     def poll(self):
         self.polls += 1
@@ -148,7 +149,7 @@ class ScriptedProcess:
             self.events[(self.n, self.polls)]()
         if self.returncode is None and self.signals and self.polls >= self.term_at:
             self.returncode = self.term_code
-        elif self.returncode is None and self.polls >= 3:
+        elif self.returncode is None and not self.signals and self.polls >= self.lifetimes.get(self.n, 3):
             self.returncode = self.returncodes.get(self.n, 0)
         return self.returncode
 
@@ -163,7 +164,7 @@ def scripted(tmp_path, monkeypatch):
     SIGTERM fail the test unless the sweep handles them, and must be handed back to that handler afterwards."""
     monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
     monkeypatch.setattr(launch, 'visible_gpus', lambda: [])
-    for attr, value in dict(started=[], returncodes={}, events={}).items():
+    for attr, value in dict(started=[], returncodes={}, lifetimes={}, events={}).items():
         monkeypatch.setattr(ScriptedProcess, attr, value)
     monkeypatch.setattr(sweep.subprocess, 'Popen', ScriptedProcess)
     monkeypatch.setattr(sweep.time, 'sleep', lambda s: None)
@@ -195,6 +196,7 @@ def test_a_run_stopped_by_its_own_signal_starts_nothing_more(scripted, monkeypat
     it): a stop, not a failure; nothing more starts, the other running run finishes unsignalled."""
     runs, process = scripted
     monkeypatch.setattr(process, 'returncodes', {0: code})
+    monkeypatch.setattr(process, 'lifetimes', {1: 6})  # still running when run 0 stops
     with pytest.raises(SystemExit) as stopped:
         sweep.train_all(runs, parallel=2)
     assert stopped.value.code == 128 + abs(code) % 128
@@ -209,6 +211,7 @@ def test_a_run_stopped_by_its_own_signal_starts_nothing_more(scripted, monkeypat
 def test_the_sweeps_own_signal_reaches_every_running_run_once(scripted, monkeypatch, capsys, signum, term_code):
     runs, process = scripted
     monkeypatch.setattr(process, 'term_code', term_code)
+    monkeypatch.setattr(process, 'term_polls', 3)  # a few polls to save: the sweep must not signal it again
     monkeypatch.setattr(process, 'events', {(0, 1): signal_the_sweep(signum)})
     with pytest.raises(SystemExit) as stopped:
         sweep.train_all(runs, parallel=2)
