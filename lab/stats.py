@@ -128,6 +128,13 @@ class Tests:
             t.setdefault('family_size', 0)
             t['verdict'] = verdict(PairedTest(*(t[k] for k in PairedTest._fields)), t['p_holm'])
 
+    def family_sizes(self):
+        """{family: its number of tests with a p-value} after finish(): a family whose cells all have one seed has 0."""
+        sizes = {}
+        for t in self.tests:
+            sizes[t['family']] = max(sizes.get(t['family'], 0), t['family_size'])
+        return sizes
+
     def cell(self, t):
         if t['n'] < 2:
             return f"{t['mean']:+.3g} (n = {t['n']}): {t['verdict']}"
