@@ -156,16 +156,18 @@ def train_all(runs, parallel, gpus_per_run=1):
     if gpus:
         print(f"GPUs {','.join(gpus)}: {len(free)} run(s) at a time on {', '.join(','.join(s) for s in free)}")
     threads = max(1, (os.cpu_count() or 1) // (len(free) * (gpus_per_run if gpus else 1)))
-    running, failed, stop, signalled = [], [], [], set()  # stop: [signal number, passed on to the runs?]
+    running, failed, signalled = [], [], set()
+    stopped_by, pass_on = None, False  # the signal that stopped the sweep; whether the runs are to get a SIGTERM
 
     def on_signal(signum, frame):  # records the request; the loop below passes it on
+        nonlocal stopped_by, pass_on
         todo.clear()
-        if stop and stop[1]:  # the second signal: abort the runs and the sweep now
+        if pass_on:  # the second signal: abort the runs and the sweep now
             for process, *_ in running:
                 process.send_signal(signal.SIGTERM)
             tqdm.write("aborted")
             sys.exit(128 + signum)
-        stop[:] = [signum, True]
+        stopped_by, pass_on = signum, True
         tqdm.write("stopping: the running runs save a checkpoint and stop (again to abort now)")
 
     previous = {signum: signal.signal(signum, on_signal) for signum in STOP_SIGNALS}
@@ -182,7 +184,7 @@ def train_all(runs, parallel, gpus_per_run=1):
                     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                                start_new_session=True)  # signals reach it through the sweep only
                     running.append((process, log, out_dir, slot))
-                if stop and stop[1]:  # here, not in the handler: a run started just as the signal came gets it too
+                if pass_on:  # here, not in the handler: a run started just as the signal came gets it too
                     for process, *_ in running:
                         if process.pid not in signalled:
                             signalled.add(process.pid)
@@ -197,9 +199,9 @@ def train_all(runs, parallel, gpus_per_run=1):
                     signum = code - 128 if code > 128 else -code  # train.py's exit, or killed before its handler
                     # a run the sweep stopped is not a failure, whatever it exits (torchrun: 1 once its workers stop)
                     if code != 0 and (process.pid in signalled or signum in STOP_SIGNALS):
-                        if not stop:
+                        if stopped_by is None:
                             todo.clear()
-                            stop[:] = [signum, False]  # a signal to this run alone: the others finish
+                            stopped_by = signum  # a signal to this run alone: the others finish
                             tqdm.write(f"stopped: {out_dir} (signal {signum}); no new run starts")
                         continue  # not trained yet: the bar counts finished and failed runs
                     if code != 0:
@@ -210,9 +212,9 @@ def train_all(runs, parallel, gpus_per_run=1):
         for signum in STOP_SIGNALS:
             signal.signal(signum, previous[signum])
     failures = f"{len(failed)} run(s) failed, e.g. {failed[0]}/train.log; " if failed else ""
-    if stop:
+    if stopped_by is not None:
         print(f"{failures}stopped; the same command resumes the sweep", file=sys.stderr)
-        sys.exit(128 + stop[0])
+        sys.exit(128 + stopped_by)
     if failed:
         raise UserError(f"{failures}rerun to retry them")
 
