@@ -657,8 +657,9 @@ def report(name, study, runs, out):
         setting_figures(setting, loaded, summary, out)
     lines += globals()[study.figures](results, out, tests, name)
     tests.finish()
+    sizes = {t['family']: t['family_size'] for t in tests.tests}
     lines += ['### Holm families', '', *(f"- {family}: {m} test(s)" if m else f"- {family}: no test yet (one seed)"
-                                        for family, m in tests.family_sizes().items()), '']
+                                        for family, m in sizes.items()), '']
     text = tests.fill('\n'.join(lines))
     with atomic_write(os.path.join(out, 'report.md')) as f:
         f.write(text + '\n')

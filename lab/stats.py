@@ -122,18 +122,13 @@ class Tests:
         for family in dict.fromkeys(t['family'] for t in self.tests):
             members = [t for t in self.tests if t['family'] == family and math.isfinite(t['p'])]
             for t, adjusted in zip(members, holm([t['p'] for t in members])):
-                t['p_holm'], t['family_size'] = adjusted, len(members)
+                t['p_holm'] = adjusted
+            for t in self.tests:  # every cell of the family, one without a p too, knows the family's size
+                if t['family'] == family:
+                    t['family_size'] = len(members)
         for t in self.tests:
             t.setdefault('p_holm', float('nan'))
-            t.setdefault('family_size', 0)
             t['verdict'] = verdict(PairedTest(*(t[k] for k in PairedTest._fields)), t['p_holm'])
-
-    def family_sizes(self):
-        """{family: its number of tests with a p-value} after finish(): a family whose cells all have one seed has 0."""
-        sizes = {}
-        for t in self.tests:
-            sizes[t['family']] = max(sizes.get(t['family'], 0), t['family_size'])
-        return sizes
 
     def cell(self, t):
         if t['n'] < 2:
