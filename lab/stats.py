@@ -120,12 +120,12 @@ class Tests:
 
     def finish(self):
         for family in dict.fromkeys(t['family'] for t in self.tests):
-            members = [t for t in self.tests if t['family'] == family and math.isfinite(t['p'])]
+            cells = [t for t in self.tests if t['family'] == family]
+            members = [t for t in cells if math.isfinite(t['p'])]  # a cell of one seed has no p
             for t, adjusted in zip(members, holm([t['p'] for t in members])):
                 t['p_holm'] = adjusted
-            for t in self.tests:  # every cell of the family, one without a p too, knows the family's size
-                if t['family'] == family:
-                    t['family_size'] = len(members)
+            for t in cells:  # every cell, one without a p too, knows its family's size
+                t['family_size'] = len(members)
         for t in self.tests:
             t.setdefault('p_holm', float('nan'))
             t['verdict'] = verdict(PairedTest(*(t[k] for k in PairedTest._fields)), t['p_holm'])
