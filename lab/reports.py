@@ -222,6 +222,44 @@ def fixed_gamma_figures(results, out, tests, study):
     return lines + ['', '![fixed γ](fixed_gamma.png)', '']
 
 
+# the powered study of claim (d): its tests, named before any run was read (lab/studies.py)
+POWERED_PRIMARY = ('fixed_gamma=-0.1', 'fixed_gamma=-0.2')  # − attention, Holm over the two
+POWERED_SECONDARY = 'corridor'                               # − attention, alone in its family
+
+
+def fixed_gamma_powered_figures(results, out, tests, study):
+    """The primary tests (fixed γ − attention at −0.1 and −0.2, Holm over the two) and the secondary (corridor −
+    attention), each with its per-seed differences drawn, and the runs' wall time."""
+    lines = ["### Claim (d), powered: the pre-registered tests", '',
+             "| test | role | seeds | mean [95 % CI], p, Holm p, MDE: verdict | seeds below 0 |", '|---|---|---|---|---|']
+    comparisons = [(v, 'primary (Holm over 2)') for v in POWERED_PRIMARY] + [(POWERED_SECONDARY, 'secondary')]
+    fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 4), squeeze=False)
+    for ax, (setting, (loaded, summary)) in zip(axes[0], results.items()):
+        for i, (variant, role) in enumerate(comparisons):
+            differences = paired_differences(loaded, variant, 'attention')
+            cell = tests.add(family(study, variant, 'attention'), f'{setting}: {variant} − attention', differences)
+            below = sum(d < 0 for d in differences)
+            lines.append(f"| {setting}: {variant} − attention | {role} | {len(differences)} | {cell} | "
+                         f"{below} of {len(differences)} |")
+            if not differences:
+                continue
+            jitter = torch.linspace(-0.25, 0.25, len(differences)).tolist()
+            ax.scatter([i + j for j in jitter], differences, s=10, alpha=0.5, color=f'C{i}')
+            ax.errorbar([i], [statistics.fmean(differences)], yerr=[ci_half_width(differences)], marker='D',
+                        color='black', capsize=6, markersize=6, zorder=3)
+        ax.axhline(0, color='black', lw=0.8)
+        ax.set_xticks(range(len(comparisons)), [f'{v} − attention\n({role})' for v, role in comparisons], fontsize=8)
+        ax.set_ylabel('final val loss − attention (nats per char)\n< 0: lower than attention')
+        ax.set_title(f'{setting}: one dot per seed; mean and 95 % CI in black', fontsize=10)
+        seconds = [r['seconds'] for r in loaded.values() if r.get('seconds')]
+        if seconds:
+            lines += ['', f"Wall time: {len(seconds)} runs, {sum(seconds) / 3600:.2f} h of training in all, "
+                          f"median {statistics.median(seconds):.1f} s a run (range {min(seconds):.1f}–"
+                          f"{max(seconds):.1f} s; the cores were shared with other work)"]
+    save(fig, os.path.join(out, 'fixed_gamma_powered.png'))
+    return lines + ['', '![per-seed differences](fixed_gamma_powered.png)', '']
+
+
 def scales_figures(results, out, tests, study):
     """Δ val loss (corridor − attention) against non-embedding parameters per corpus, with a line fitted to every
     seed's difference against log10(parameters); occupancy by layer against size."""

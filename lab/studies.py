@@ -202,6 +202,16 @@ STUDIES = {
         parts=(Part('shakespeare_char/small', ('attention', 'corridor', 'gamma_nonneg'), 8, first_seed=100),),
         gpu_parts=(),
         figures='replication_figures'),
+    # Claim (d) given the power to decide it: the fixed-γ grid's 3 seeds detect 0.0075–0.095 nats, while the effect to
+    # expect is the learnable corridor's (0.002–0.003). WikiText-2 (char), where the fixed-γ pairs spread least (SD
+    # ~0.0035 at γ = −0.1), 48 seeds no other study uses (200–247). Primary tests, named before any run was read:
+    # fixed γ − attention at −0.1 and at −0.2, Holm over the two; secondary: corridor − attention (claim (a)).
+    'fixed_gamma_powered': Study(
+        "Claim (d) with the seeds to decide it: does a fixed γ = −0.1 or −0.2 (δ = 1) beat attention on WikiText-2?",
+        parts=(Part('wikitext2_char/small', ('attention', 'fixed_gamma=-0.1', 'fixed_gamma=-0.2', 'corridor'), 48,
+                    first_seed=200),),
+        gpu_parts=(),
+        figures='fixed_gamma_powered_figures'),
     'ladder': Study(
         "Claim (a) on a scale ladder at equal tokens per parameter: does the corridor's gain change with size?",
         # six seeds where runs take minutes, three at the largest (~20 min each on a free core)

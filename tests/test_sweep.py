@@ -231,7 +231,6 @@ def test_studies_share_runs_and_write_every_figure(tiny_data_root, tmp_path, mon
         assert (tmp_path / 'geometry_figures' / name).stat().st_size > 1000
     data = json.loads((tmp_path / 'scales_figures' / 'report.json').read_text())['settings']
     assert data['tiny/a']['corridor']['params'] > data['tiny/b']['corridor']['params']
-
     # a study partway (an attention run not finished): the reports pair what finished, columns in place
     (tmp_path / 'tiny' / 'a' / 'attention-s1' / 'ckpt.pt').unlink()
     for study in ('fixed_gamma_figures', 'geometry_figures'):
@@ -241,6 +240,34 @@ def test_studies_share_runs_and_write_every_figure(tiny_data_root, tmp_path, mon
     row = next(line for line in fixed if line.startswith('| tiny/a | '))
     assert row.count(' | ') == header.count(' | ') and row.count('–') == len(studies.FIXED_GAMMAS) - 1
     assert '| δ_orth | initial |' in (tmp_path / 'geometry_figures' / 'report.md').read_text()
+
+
+def test_the_powered_fixed_gamma_study_reports_its_named_tests(tiny_data_root, tmp_path, monkeypatch):
+    """Claim (d)'s powered study: the two primary tests Holm-adjusted together, the secondary alone, each cell's
+    seeds below zero counted from the runs, and the per-seed figure."""
+    monkeypatch.setitem(studies.SETTINGS, 'tiny/a', (studies.CPU, dict(dataset='tiny', data_root=str(tiny_data_root))))
+    part = studies.STUDIES['fixed_gamma_powered'].parts[0]
+    assert part.seeds == 48 and part.setting == 'wikitext2_char/small'
+    monkeypatch.setitem(studies.STUDIES, 'fixed_gamma_powered',
+                        studies.STUDIES['fixed_gamma_powered']._replace(parts=(part._replace(setting='tiny/a', seeds=3),)))
+    monkeypatch.chdir(REPO)
+    sweep.main(['--study=fixed_gamma_powered', f'--out_root={tmp_path}', '--parallel=2', '--', *TINY_RUN])
+    out = tmp_path / 'fixed_gamma_powered'
+    tests = {t['label']: t for t in json.loads((out / 'report.json').read_text())['tests']}
+    primary = [tests[f'tiny/a: fixed_gamma={g} − attention'] for g in (-0.1, -0.2)]
+    assert [t['family_size'] for t in primary] == [2, 2]
+    ps = sorted(t['p'] for t in primary)  # Holm over two: 2·p_min, then max(that, p_max)
+    holm = [min(1.0, 2 * ps[0]), min(1.0, max(2 * ps[0], ps[1]))]
+    assert sorted(t['p_holm'] for t in primary) == pytest.approx(holm)
+    secondary = tests['tiny/a: corridor − attention']
+    assert secondary['family_size'] == 1 and secondary['p_holm'] == pytest.approx(secondary['p'])
+    finals = {run: json.loads((tmp_path / 'tiny' / 'a' / run / 'log.jsonl').read_text().splitlines()[-1])['val_loss']
+              for run in [f'{v}-s{s}' for v in ('attention', 'fixed_gamma=-0.1') for s in range(200, 203)]}
+    below = sum(finals[f'fixed_gamma=-0.1-s{s}'] < finals[f'attention-s{s}'] for s in range(200, 203))
+    report = (out / 'report.md').read_text()
+    assert f'| tiny/a: fixed_gamma=-0.1 − attention | primary (Holm over 2) | 3 | ' in report
+    assert f' | {below} of 3 |' in report and 'Wall time: 12 runs, ' in report
+    assert (out / 'fixed_gamma_powered.png').stat().st_size > 1000
 
 
 def test_a_gpu_preset_starts_and_logs_on_cpu_with_tiny_overrides(tiny_data_root, tmp_path):
