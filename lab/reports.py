@@ -17,7 +17,7 @@ from common import UserError, atomic_write, load_run, occupancy_report
 from model import in_corridor
 
 from lab.connection import depth_regimes
-from lab.stats import Tests, ci_half_width, fmt_p, line_fit, paired_test, summary_test
+from lab.stats import Tests, ci_half_width, fmt_p, line_fit, paired_test, summary_test, weighted_line_fit
 from lab.studies import (FIXED_GAMMAS, FROZEN_SEED, PRETRAINED_FIXED_GAMMA, STUDIES, frozen_gamma_path, millions,
                          non_embedding_params, parse_variant, run_state)
 
@@ -262,7 +262,9 @@ def fixed_gamma_powered_figures(results, out, tests, study):
 
 def scales_figures(results, out, tests, study):
     """Δ val loss (corridor − attention) against non-embedding parameters per corpus, with a line fitted to every
-    seed's difference against log10(parameters); occupancy by layer against size."""
+    seed's difference against log10(parameters) (the ladder's pre-registered primary test) and, beside it, the
+    sizes' means fitted with weights 1/SE²: the seed SD of the differences grows with size (about 40× over the
+    ladder), which the unweighted fit ignores; occupancy by layer against size."""
     corpora = list(dict.fromkeys(s.split('/')[0] for s in results))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     lines = ["### The learnable corridor against attention by model size", '',
@@ -287,9 +289,19 @@ def scales_figures(results, out, tests, study):
         ys = [d for _, _, c in points for d in c['vs_attention_differences']]
         slope, low, high, p, n = line_fit(xs, ys)
         if math.isfinite(slope):
+            unweighted = 'pre-registered, unweighted' if study.startswith('ladder') else 'unweighted'
             fits.append(f"- {corpus}: corridor − attention changes by {slope:+.4f} per tenfold parameters, 95 % CI "
-                        f"[{low:+.4f}, {high:+.4f}], p {fmt_p(p)} (least squares over {n} seed pairs at "
+                        f"[{low:+.4f}, {high:+.4f}], p {fmt_p(p)} ({unweighted}: least squares over {n} seed pairs at "
                         f"{len(points)} sizes; a negative slope: the gain grows with size)")
+            sized = [(math.log10(params), paired_test(c['vs_attention_differences'])) for params, _, c in points]
+            sized = [(x, t) for x, t in sized if t.n > 1]  # a size with one seed has no SE
+            w_slope, w_low, w_high, w_p, k = weighted_line_fit([x for x, _ in sized], [t.mean for _, t in sized],
+                                                               [t.sd / math.sqrt(t.n) for _, t in sized])
+            fits.append(f"  - precision-weighted: {w_slope:+.4f} per tenfold, 95 % CI [{w_low:+.4f}, {w_high:+.4f}], "
+                        f"p {fmt_p(w_p)} (the {k} sizes' mean differences, weights 1/SE², scale from the residuals, "
+                        f"t on {k - 2} df; confounded with run length where larger sizes train on more tokens, "
+                        f"as at equal tokens per parameter)" if math.isfinite(w_slope) else
+                        f"  - precision-weighted: needs 3 sizes with a nonzero SE (2 seeds or more; {k} so far)")
             grid = torch.linspace(min(xs), max(xs), 20, dtype=torch.float64)
             axes[0].plot((10 ** grid).tolist(), (statistics.fmean(ys) + slope * (grid - statistics.fmean(xs))).tolist(),
                          ls='--', color=f'C{i}', lw=0.8)

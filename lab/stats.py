@@ -1,7 +1,8 @@
 """
 The studies' statistics: paired t-tests of final losses over seeds, Holm's correction within a family, the smallest
-effect a test detects at 80 % power, and a line fit with its CI. The distributions come from scipy.stats (the t,
-the noncentral t for the power); what is written here is which test, on what, and how a verdict is worded.
+effect a test detects at 80 % power, and a line fit with its CI, unweighted or weighted by each point's precision.
+The distributions come from scipy.stats (the t, the noncentral t for the power), the weighted fit from numpy; what
+is written here is which test, on what, and how a verdict is worded.
 tests/test_sweep.py checks these against printed t tables, closed forms, R's pwr and a simulation.
 """
 
@@ -10,6 +11,7 @@ import re
 import statistics
 from typing import NamedTuple
 
+import numpy as np
 from scipy import optimize, stats
 
 
@@ -156,3 +158,19 @@ def line_fit(xs, ys):
     fit = stats.linregress(xs, ys)
     half = t_quantile(0.975, n - 2) * fit.stderr
     return float(fit.slope), float(fit.slope - half), float(fit.slope + half), float(fit.pvalue) if fit.stderr > 0 else 0.0, n
+
+
+def weighted_line_fit(xs, ys, ses):
+    """Weighted least squares y = a + b·x of k means ys with standard errors ses, weights 1/SE² (a precise mean counts
+    more): (b, its 95 % CI low, high, p of b = 0, k). The SEs set only the weights' ratios; the scale comes from the
+    residuals (the weighted χ² over k − 2), so the CI is t on k − 2 degrees of freedom, as line_fit's, and equal SEs
+    give line_fit of the means. Means that scatter about the line more than their SEs allow widen the CI instead of
+    hiding behind the SEs. NaNs when fewer than 3 points, one x, or an SE not a positive number."""
+    k = len(xs)
+    if k < 3 or len(set(xs)) < 2 or not all(math.isfinite(se) and se > 0 for se in ses):
+        return (float('nan'),) * 4 + (k,)
+    (slope, _), cov = np.polyfit(xs, ys, 1, w=[1 / se for se in ses], cov=True)  # polyfit's w is 1/SE, not 1/SE²
+    se_slope = math.sqrt(cov[0][0])
+    half = t_quantile(0.975, k - 2) * se_slope
+    p = t_two_sided_p(slope / se_slope, k - 2) if se_slope > 0 else 0.0
+    return float(slope), float(slope - half), float(slope + half), p, k

@@ -80,6 +80,30 @@ def test_line_fit_by_hand():
     assert p == pytest.approx(1 - 2 / math.pi * math.atan(2 / math.sqrt(0.03)), rel=1e-6)
 
 
+def test_weighted_line_fit_with_equal_weights_is_the_unweighted_fit_of_the_means():
+    xs, means = [0.0, 0.5, 1.3, 2.0], [0.3, -0.1, 0.4, 1.2]
+    for se in (1e-3, 0.7):  # any common SE: the scale comes from the residuals, not from the SEs
+        assert stats.weighted_line_fit(xs, means, [se] * 4) == pytest.approx(stats.line_fit(xs, means))
+
+
+def test_weighted_line_fit_by_hand():
+    # means 0, 1, 3 at x = 0, 1, 2 with SEs 1, 1, 0.5: weights 1/SE² = 1, 1, 4; weighted x̄ 1.5, ȳ 13/6, Sxx 3.5,
+    # Sxy 5.5: slope 11/7 (unweighted: 1.5); residuals 4/21, −8/21, 1/21, weighted χ² 4/21 on 3 − 2 = 1 df, so
+    # Var(slope) = (4/21) / 3.5 = 8/147 and the CI is ± t_0.975(1) = 12.706 standard errors
+    slope, low, high, p, k = stats.weighted_line_fit([0, 1, 2], [0, 1, 3], [1, 1, 0.5])
+    assert (slope, k) == (pytest.approx(11 / 7), 3) and stats.line_fit([0, 1, 2], [0, 1, 3])[0] == pytest.approx(1.5)
+    assert (high - slope, slope - low) == (pytest.approx(12.706 * math.sqrt(8 / 147), rel=1e-4),) * 2
+    t = (11 / 7) / math.sqrt(8 / 147)
+    assert p == pytest.approx(1 - 2 / math.pi * math.atan(t), rel=1e-6)  # two-sided p of t on 1 df
+    assert stats.weighted_line_fit([0, 1, 2], [0, 1, 3], [3, 3, 1.5]) == pytest.approx((slope, low, high, p, k))
+
+
+def test_weighted_line_fit_needs_three_points_each_with_a_standard_error():
+    assert math.isnan(stats.weighted_line_fit([0, 1], [0, 1], [1, 1])[0])
+    assert math.isnan(stats.weighted_line_fit([0, 1, 2], [0, 1, 3], [1, 0.0, 1])[0])
+    assert math.isnan(stats.weighted_line_fit([0, 1, 2], [0, 1, 3], [1, float('nan'), 1])[0])
+
+
 def differences_with_t(t, n):
     """n paired differences whose one-sample t statistic mean / (std / √n) is exactly t (std = 1)."""
     spread = [(-1) ** k for k in range(n)] if n % 2 == 0 else [-1.0, 0.0, 1.0] + [(-1) ** k for k in range(n - 3)]
@@ -487,6 +511,35 @@ def test_scales_report_states_size_difference_and_occupancy(fake_study, tmp_path
     assert len(rows) == 1 and rows[0].startswith('| tiny/a | 0.25M | 2.00M | 8.0 | ')
     assert rows[0].endswith(' | 75% | -0.343 |')
     assert_cell(rows[0], CORRIDOR, '**lower**')
+
+
+def test_ladder_report_states_the_pre_registered_slope_and_the_precision_weighted_one(fake_study, tmp_path):
+    """Three sizes at 10^5, 10^6, 10^7 non-embedding parameters whose differences spread more with size: the
+    unweighted fit over the 9 seed pairs, labelled pre-registered in the ladder's report, and beside it the sizes'
+    means fitted with weights 1/SE²."""
+    import copy
+
+    import numpy as np
+    loaded, base = fake_study['tiny/a']
+    differences = [[-0.001, 0.000, -0.002], [-0.004, -0.002, -0.009], [0.01, -0.03, 0.02]]
+    results = {}
+    for i, d in enumerate(differences):
+        summary = copy.deepcopy(base)
+        summary['corridor'].update(non_embedding_params=10 ** (5 + i), vs_attention_differences=d)
+        results[f'tiny/{"abc"[i]}'] = (loaded, summary)
+    lines = report_of(reports.scales_figures, results, tmp_path, 'ladder')
+    slope = stats.line_fit([5 + i for i, d in enumerate(differences) for _ in d], sum(differences, []))[0]
+    unweighted = next(line for line in lines if line.startswith('- tiny: corridor − attention changes by '))
+    assert f'{slope:+.4f} per tenfold' in unweighted
+    assert '(pre-registered, unweighted: least squares over 9 seed pairs at 3 sizes' in unweighted
+    means = [statistics.fmean(d) for d in differences]
+    ses = [statistics.stdev(d) / math.sqrt(3) for d in differences]
+    weighted = np.polyfit([5, 6, 7], means, 1, w=[1 / se for se in ses])[0]  # numpy's w is 1/SE
+    line = lines[lines.index(unweighted) + 1]
+    assert line.startswith(f'  - precision-weighted: {weighted:+.4f} per tenfold, 95 % CI [')
+    assert "the 3 sizes' mean differences, weights 1/SE², scale from the residuals, t on 1 df" in line
+    scales = report_of(reports.scales_figures, results, tmp_path, 'scales')
+    assert not any('pre-registered' in line for line in scales) and any('(unweighted: least' in line for line in scales)
 
 
 def test_gamma_dynamics_report_states_where_gamma_ends_per_seed(fake_study, tmp_path):

@@ -1,0 +1,139 @@
+"""One verdict rule in README.md and docs/: a bolded **lower** or **higher** (or ***lower***, __higher__, ...) is the
+Holm-adjusted p of its study's family below 0.05, and that Holm p stands beside it, so a reader can check it.
+
+Where "beside" is, kept simple:
+- in a table row, "Holm 0.025" (also "Holm p 0.025", "Holm < 0.001", "Holm ≤ 0.019") in the verdict's own cell, the
+  one nearest the word when a cell has several; failing that, the row's cell in the column whose header names
+  "Holm" (docs/results_recomputed.md's "Holm p (family size)" column: its first number);
+- in prose, "Holm <p>" in the same paragraph or list item, the nearest one.
+A verdict with no Holm p found there fails, as does one whose Holm p is 0.05 or more. Italic *lower* / *higher* is
+left alone: the pages use it in prose that defines the words too."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / 'README.md', *sorted((REPO / 'docs').rglob('*.md'))]
+
+VERDICT = re.compile(r'(?<![\w*_])(?:\*\*\*|\*\*_|_\*\*|\*\*|__)(lower|higher)(?:\*\*\*|_\*\*|\*\*_|\*\*|__)(?![\w*_])',
+                     re.I)
+HOLM = re.compile(r'Holm(?:\s+p)?\s*[<≤]?\s*(\d*\.\d+|\d+)')
+NUMBER = re.compile(r'[<≤]?\s*(\d*\.\d+|\d+)')
+
+
+def nearest_holm(text, at):
+    """The Holm p in text whose mention starts nearest position `at`, or None."""
+    found = [(abs(m.start() - at), float(m[1])) for m in HOLM.finditer(text)]
+    return min(found)[1] if found else None
+
+
+def cells_of(row):
+    return [c.strip() for c in row.strip().strip('|').split('|')]
+
+
+def table_verdicts(rows):
+    """(row index, word, Holm p or None) for each bolded verdict of one table (its lines, header first)."""
+    header = cells_of(rows[0])
+    holm_columns = [i for i, name in enumerate(header) if 'holm' in name.lower()]
+    out = []
+    for k, row in enumerate(rows[2:], start=2):  # past the header and its |---| line
+        cells = cells_of(row)
+        for cell in cells:
+            for m in VERDICT.finditer(cell):
+                p = nearest_holm(cell, m.start())
+                if p is None and len(holm_columns) == 1 and len(cells) == len(header):
+                    number = NUMBER.search(cells[holm_columns[0]])
+                    p = float(number[1]) if number else None
+                out.append((k, m[1].lower(), p))
+    return out
+
+
+def bold_verdicts(text):
+    """(line number, 'lower' / 'higher', the Holm p beside it or None) for every bolded verdict of a page."""
+    lines = text.splitlines()
+    fence = False
+    out, i = [], 0
+    while i < len(lines):
+        if lines[i].lstrip().startswith('```'):
+            fence = not fence
+        if fence or lines[i].lstrip().startswith('```'):
+            i += 1
+            continue
+        if lines[i].lstrip().startswith('|'):  # a table: its consecutive | lines
+            start = i
+            while i < len(lines) and lines[i].lstrip().startswith('|'):
+                i += 1
+            out += [(start + k + 1, word, p) for k, word, p in table_verdicts(lines[start:i])]
+            continue
+        # prose: a paragraph or list item runs until a blank line, a table, a fence or the next item
+        start = i
+        i += 1
+        while i < len(lines) and lines[i].strip() and not re.match(r'\s*(- |\* |\d+\. |\||```|#)', lines[i]):
+            i += 1
+        unit = '\n'.join(lines[start:i])
+        for m in VERDICT.finditer(unit):
+            out.append((start + unit.count('\n', 0, m.start()) + 1, m[1].lower(), nearest_holm(unit, m.start())))
+    return out
+
+
+def verdict_problems(text, name='page'):
+    return [f"{name}:{line}: **{word}** " + ('with no Holm p beside it' if p is None else f"beside Holm {p} (≥ 0.05)")
+            for line, word, p in bold_verdicts(text) if p is None or p >= 0.05]
+
+
+@pytest.mark.parametrize('page', PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_bolded_verdict_sits_beside_a_holm_p_below_five_percent(page):
+    assert verdict_problems(page.read_text(), page.name) == []
+
+
+def test_the_pages_have_bolded_verdicts_for_the_check_to_read():
+    """Not vacuous on the real pages: the studies' and the 135M study's tables carry their verdicts in bold."""
+    found = {page.name: len(bold_verdicts(page.read_text())) for page in PAGES}
+    assert found['studies.md'] >= 5 and found['pretrained.md'] >= 10 and found['results_recomputed.md'] >= 5
+
+
+def test_the_verdict_check_flags_a_holm_p_of_five_percent_or_more_and_a_missing_one():
+    header = '| claim | cell |\n|---|---|\n'
+    assert verdict_problems(header + '| x | +0.01 [..], Holm 0.08: **higher** |\n') == \
+        ['page:3: **higher** beside Holm 0.08 (≥ 0.05)']
+    assert verdict_problems(header + '| x | +0.01 [..], Holm 0.01: **higher** |\n') == []
+    assert verdict_problems(header + '| x | −0.1 [..], p < 0.001, Holm < 0.001, MDE 0.01: **lower** |\n') == []
+    assert verdict_problems(header + '| x | +0.01 [..], Holm 0.050: ***higher*** |\n') == \
+        ['page:3: **higher** beside Holm 0.05 (≥ 0.05)']
+    assert verdict_problems(header + '| x | +0.01 [..], p 0.012: **lower** |\n') == \
+        ['page:3: **lower** with no Holm p beside it']
+    # the nearest of two: lower in its own family, not in the wider one
+    assert verdict_problems(header + '| x | p 0.012: **lower** (Holm 0.025, 2 corpora), inconclusive over six '
+                                     'cells (Holm 0.074) |\n') == []
+    assert verdict_problems(header + '| x | Holm 0.025 over the 2 corpora, and over all six cells **lower** '
+                                     '(Holm 0.074) |\n') == ['page:3: **lower** beside Holm 0.074 (≥ 0.05)']
+    # italic is not a bolded verdict; the word inside another word is not one either
+    assert verdict_problems(header + '| x | p 0.012: *lower* |\n| y | **lowered** |\n') == []
+
+
+def test_the_verdict_check_reads_a_holm_column_and_prose():
+    table = ('| comparison | p | Holm p (family size) | verdict |\n|---|---|---|---|\n'
+             '| a | 0.012 | 0.025 (2) | **lower** |\n| b | 0.040 | 0.079 (2) | **lower** |\n'
+             '| c | <0.001 | <0.001 (4) | **higher** |\n')
+    assert verdict_problems(table) == ['page:4: **lower** beside Holm 0.079 (≥ 0.05)']
+    prose = ('Intro.\n\n- (a) corridor − attention −0.0031 [−0.0046, −0.0016], **lower**\n  (Holm 0.025 over the 2 '
+             'corpora).\n- (c) γ ≥ 0 − corridor **higher**, p 0.006,\n  Holm 0.080 over the grid.\n\n'
+             'A paragraph: **lower** with no adjusted p.\n')
+    assert verdict_problems(prose) == ['page:5: **higher** beside Holm 0.08 (≥ 0.05)',
+                                       'page:8: **lower** with no Holm p beside it']
+
+
+def test_the_ladders_two_slopes_on_the_page_are_the_ones_its_summaries_give():
+    """docs/studies.md states the pre-registered slope (unweighted over seed pairs) and the precision-weighted one;
+    both are what docs/results_recomputed.py computes from the ladder table's rungs."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('results_recomputed', REPO / 'docs' / 'results_recomputed.py')
+    recomputed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recomputed)
+    (slope, low, high, pairs), (w_slope, w_low, w_high, w_p, k), _ = recomputed.ladder_fits()
+    page = (REPO / 'docs' / 'studies.md').read_text().replace('−', '-')
+    assert (pairs, k) == (21, 4)
+    assert f'pre-registered, unweighted over seed pairs (the primary test) | {slope:+.4f} [{low:+.4f}, {high:+.4f}]' in page
+    assert f'precision-weighted (not named in advance) | {w_slope:+.4f} [{w_low:+.4f}, {w_high:+.4f}], p {w_p:.2f}' in page
