@@ -1,7 +1,7 @@
 """
 Where did the operator go? Reads run folders written by train.py and writes corridor occupancy, γ/δ plots
-and run comparisons. Its figures are the repo's shared ones: the lab's tools (lab/) draw with them too. The
-studies' statistics live in lab/stats.py, the connection-walk diagnostics in `python -m lab.walk`.
+and run comparisons. The studies' statistics live in lab/stats.py, the connection-walk diagnostics in
+`python -m lab.walk` (and a run's logged walk geometry is drawn by lab/figures.py).
 
     python analyze.py out-shakespeare-char-corridor              # -> out-shakespeare-char-corridor/analysis/
     python analyze.py out-a out-b out-c --out comparison          # each run, plus the runs compared
@@ -27,11 +27,25 @@ matplotlib.use('Agg')  # files only: no display on a server, and no GUI backend 
 import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 import torch  # noqa: E402
 
-from common import UserError, atomic_write, load_run, main_guard, occupancy_report  # noqa: E402
+from common import UserError, atomic_write, main_guard, save_figure as save  # noqa: E402
 from model import in_corridor  # noqa: E402
+from sources import load_run  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------- occupancy
+
+def occupancy_report(gamma, delta):
+    """corridor.json's content for [n_layer, n_head] tensors of γ and δ."""
+    layers = []
+    for layer, (g, d) in enumerate(zip(gamma, delta)):
+        layers.append(dict(layer=layer, gamma=g.tolist(), delta=d.tolist(),
+                           occupancy=in_corridor(g).float().mean().item(),
+                           below=int((g <= -1).sum()), above=int((g >= 0).sum()),
+                           # torch's median: the lower middle value for an even number of heads
+                           gamma_mean=g.mean().item(), gamma_median=g.median().item(), delta_mean=d.mean().item()))
+    return dict(layers=layers, occupancy=in_corridor(gamma).float().mean().item(),
+                occupancy_beyond_first=in_corridor(gamma[1:]).float().mean().item() if len(gamma) > 1 else None)
+
 
 def layer_table(report):
     rows = ["| layer | in corridor | γ ≤ −1 | γ ≥ 0 | γ mean | γ median | δ mean |", "|---|---|---|---|---|---|---|"]
@@ -45,18 +59,6 @@ def layer_table(report):
 
 
 # ---------------------------------------------------------------------------------------------- figures
-# the lab's tools draw with these too (`from analyze import plt, save`): one matplotlib setup for the repo
-
-def save(fig, path):
-    fig.tight_layout()
-    try:
-        with atomic_write(path, 'wb') as f:  # the format from the real name, not from path.tmp
-            fig.savefig(f, dpi=110, format=os.path.splitext(path)[1][1:] or 'png')
-    finally:
-        plt.close(fig)
-    return path
-
-
 def plot_occupancy(reports, path):
     """reports: {label: occupancy report}: grouped bars, one group per layer."""
     n_layer = len(next(iter(reports.values()))['layers'])
@@ -165,66 +167,6 @@ def plot_loss_comparison(curves, path, title):
     return save(fig, path)
 
 
-# ------------------------------------------------------------------------------------ walk geometry over training
-
-# what plot_walk_evolution draws from the log's 'walk' entries (train.py's walk_interval): key, axis title
-WALK_PANELS = (('drift', 'drift to the next layer'), ('delta_orth', 'δ_orth'), ('a_eff_fro', '‖A_eff‖_F'),
-               ('gram_ratio', 'Ḡ diagonal / off-diagonal (mean abs)'))
-
-
-def walk_series(log, part, key):
-    """(tokens [E], values [E, layers]) of one logged walk diagnostic over the evaluations that have it;
-    gram_ratio is Ḡ's mean |diagonal| over its mean |off-diagonal|. None when the log has none."""
-    entries = [e for e in log if part in e.get('walk', {})]
-    if not entries:
-        return None
-    if key == 'gram_ratio':
-        values = [[a / b for a, b in zip(e['walk'][part]['gram_diag_mean'], e['walk'][part]['gram_offdiag_mean'])]
-                  for e in entries]
-    else:
-        values = [e['walk'][part][key] for e in entries]
-    return torch.tensor([e['tokens'] for e in entries], dtype=torch.float64), torch.tensor(values, dtype=torch.float64)
-
-
-def plot_walk_evolution(groups, path, title):
-    """groups: {label: [log, ...]} (e.g. a variant's seeds). Every walk diagnostic against tokens seen, one column
-    per layer, the mean γ of the layer's heads in the last row; one colour per group, one thin line per log;
-    the attention part solid, the full operator c_I·I + c_P·P dashed."""
-    n_layer = len(next(iter(groups.values()))[0][-1]['gamma'])
-    rows = len(WALK_PANELS) + 1
-    fig, axes = plt.subplots(rows, n_layer, figsize=(3.1 * n_layer, 2.2 * rows), sharex=True, squeeze=False)
-    for color, (label, logs) in enumerate(groups.items()):
-        for k, log in enumerate(logs):
-            for row, (key, name) in enumerate(WALK_PANELS):
-                for part, style in (('attention', '-'), ('operator', '--')):
-                    series = walk_series(log, part, key)
-                    if series is None:
-                        continue
-                    tokens, values = series
-                    for layer in range(values.shape[1]):
-                        axes[row][layer].plot((tokens / 1e6).tolist(), values[:, layer].tolist(), style, lw=1,
-                                              color=f'C{color}', alpha=0.8,
-                                              label=f'{label}{"" if part == "attention" else " (operator)"}'
-                                              if k == 0 and layer == 0 else None)
-                axes[row][0].set_ylabel(name, fontsize=8)
-            gamma = torch.tensor([e['gamma'] for e in log]).mean(-1)  # [evals, layers]
-            for layer in range(n_layer):
-                axes[-1][layer].plot([e['tokens'] / 1e6 for e in log], gamma[:, layer].tolist(), lw=1,
-                                     color=f'C{color}', alpha=0.8)
-    axes[-1][0].set_ylabel('mean γ of the layer', fontsize=8)
-    for layer in range(n_layer):
-        axes[0][layer].set_title(f'layer {layer}', fontsize=9)
-        axes[-1][layer].set_xlabel('tokens seen (millions)')
-        axes[-1][layer].axhline(0, color='black', lw=0.6)
-    axes[0][-1].text(0.5, 0.5, 'the last layer\nhas no next layer', ha='center', va='center', fontsize=8,
-                     transform=axes[0][-1].transAxes)
-    axes[0][-1].set_yticks([])
-    axes[0][0].legend(fontsize=6)
-    fig.suptitle(f'{title}: connection-walk geometry during training (solid: attention part, dashed: full operator)',
-                 fontsize=10)
-    return save(fig, path)
-
-
 # ---------------------------------------------------------------------------------------------- one or more runs
 
 def analyze_run(run, out):
@@ -248,7 +190,8 @@ def analyze_run(run, out):
         plot_losses({'train': ([e['tokens'] for e in run['log']], [e['train_loss'] for e in run['log']]),
                      'val': ([e['tokens'] for e in run['log']], [e['val_loss'] for e in run['log']])},
                     os.path.join(out, 'loss.png'), f"{run['name']}: loss")
-        if any('walk' in e for e in run['log']):
+        if any('walk' in e for e in run['log']):  # the second paper's geometry, logged by walk_interval: the lab's
+            from lab.figures import plot_walk_evolution
             plot_walk_evolution({run['name']: [run['log']]}, os.path.join(out, 'walk.png'), run['name'])
     table = layer_table(report) if scalars else \
         "plain attention: every head's (c_I, c_P) is (0, 1), γ = 0, δ = 1, nothing to place in the corridor"
@@ -279,6 +222,7 @@ def compare_runs(runs, reports, out):
                               for r in logged}, os.path.join(out, 'val_loss.png'), 'validation loss')
     walked = {label(r): [r['log']] for r in runs if any('walk' in e for e in r['log'])}
     if walked:
+        from lab.figures import plot_walk_evolution
         plot_walk_evolution(walked, os.path.join(out, 'walk.png'), 'runs compared')
     rows = [f"| run | operator | iter | final val loss | − {runs[0]['name']} | best val loss | corridor occupancy |",
             "|---|---|---|---|---|---|---|"]

@@ -1,31 +1,20 @@
 """
-What the scripts share: one-line errors, the `--key=value` configurator, tokenizers, atomic checkpoint files,
-reading run folders (and where their heads sit: occupancy_report), and the accelerator peak-FLOPs table for MFU.
+What the scripts share: one-line errors, the `--key=value` configurator (and the checks that turn a run's keys
+into a GPTConfig), GPT-2's tokenizer, files written whole or not at all, dtypes, SDPA kernels and MFU.
 """
 
 import ast
 import difflib
-import json
 import os
-import re
 import sys
 from contextlib import contextmanager, suppress
-from typing import Callable, NamedTuple
 
 import torch
 
-from model import GPT, OPERATOR_KEYS, GPTConfig, gamma_delta, in_corridor
+from model import OPERATOR_DEFAULTS, OPERATORS, GPTConfig
 
 
 REPO = os.path.dirname(os.path.abspath(__file__))  # the checkout: configs/, train.py, prepare.py sit here
-
-
-def transformers_side():
-    """lab/hf.py, the module for pretrained transformers models, imported only when one is asked for: where a
-    pretrained source reaches into the lab (the other lazy import is train.walk_geometry's, for walk_interval).
-    lab/hf.py imports this module, and through it transformers, which takes seconds."""
-    from lab import hf
-    return hf
 
 
 class UserError(Exception):
@@ -109,15 +98,41 @@ def parse_config(defaults, argv, optional=(), hints=None):
 
 
 def model_config(config):
-    """The GPTConfig named by a run config's keys; an impossible one is a UserError."""
-    keys = GPTConfig.__dataclass_fields__
-    try:
-        return GPTConfig(**{k: v for k, v in config.items() if k in keys})
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    """The GPTConfig named by a run config's keys; one no model can have (an unknown operator, keys that don't apply
+    to it, ...) is a UserError here, not a failure in the middle of a run."""
+    c = GPTConfig(**{k: v for k, v in config.items() if k in GPTConfig.__dataclass_fields__})
+    learnable = [name for name, form in OPERATORS.items() if form.learnable]
+    changed = [key for key in ('gamma_init', 'delta_init', 'init_spread', 'learn_gamma', 'learn_delta', 'gamma_nonneg')
+               if getattr(c, key) != OPERATOR_DEFAULTS[key]]
+    for key in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd'):
+        if getattr(c, key) <= 0:
+            raise UserError(f"{key} must be positive, got {getattr(c, key)}")
+    for wrong, message in (
+            (c.n_embd % c.n_head, f"n_embd={c.n_embd} must be divisible by n_head={c.n_head}"),
+            (not 0 <= c.dropout < 1, f"dropout must be in [0, 1), got {c.dropout}"),
+            (c.operator not in OPERATORS, f"unknown operator {c.operator!r} (choose from {', '.join(OPERATORS)})"),
+            (c.init_spread < 0, f"init_spread must be >= 0, got {c.init_spread}"),
+            (c.operator_lr_mult < 0, f"operator_lr_mult must be >= 0, got {c.operator_lr_mult}"),
+            (c.operator == 'laplacian' and not 1 <= c.laplacian_heads <= c.n_head,
+             f"laplacian_heads must be in [1, n_head={c.n_head}], got {c.laplacian_heads}"),
+            (c.operator not in learnable and changed, f"{', '.join(changed)} only apply to a learnable operator "
+                                                      f"({', '.join(learnable)}), not operator={c.operator!r}"),
+            (c.operator != 'corridor' and not (c.learn_gamma and c.learn_delta),
+             f"learn_gamma/learn_delta=False fix the corridor's γ/δ: use operator='corridor' (operator="
+             f"{c.operator!r} has no γ/δ of its own)"),
+            (c.operator != 'corridor' and c.gamma_nonneg, "gamma_nonneg constrains the corridor's γ: use "
+                                                          "operator='corridor'"),
+            (c.gamma_nonneg and c.gamma_init - c.init_spread < 0,
+             f"gamma_nonneg needs gamma_init - init_spread >= 0, got {c.gamma_init} - {c.init_spread}")):
+        if wrong:
+            raise UserError(message)
+    return c
 
 
-# ---------------------------------------------------------------------------------------------- tokenizers
+# ---------------------------------------------------------------------------------------------- GPT-2
+
+GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')  # OpenAI's checkpoints (sources.gpt2 loads them)
+
 
 def gpt2_encoding():
     """tiktoken's GPT-2 BPE. It downloads its files once; offline, point TIKTOKEN_CACHE_DIR at a cache."""
@@ -127,49 +142,6 @@ def gpt2_encoding():
     except Exception as e:
         raise UserError(f"cannot load the GPT-2 BPE through tiktoken ({type(e).__name__}): it downloads its files "
                         f"once, so without network set TIKTOKEN_CACHE_DIR to a folder that holds them") from None
-
-
-class TextCodec(NamedTuple):
-    """How a model reads text: its content tokens, and the special tokens its tokenizer puts around a sequence
-    (lab/walk.py samples sequences with it; lab/hf.py builds one for each Hugging Face tokenizer)."""
-    encode: Callable          # text -> token ids, no special tokens
-    prefix: tuple = ()        # e.g. BERT's [CLS], Llama's <|begin_of_text|>
-    suffix: tuple = ()        # e.g. BERT's [SEP]
-
-    def wrap(self, ids):
-        return list(self.prefix) + list(ids) + list(self.suffix)
-
-
-def tokenizer_from_meta(meta):
-    """(encode, decode) for a dataset's meta.json dict: 'char' (its itos list) or 'gpt2'."""
-    if meta['tokenizer'] == 'char':
-        itos = meta['itos']
-        stoi = {c: i for i, c in enumerate(itos)}
-
-        def encode(text):
-            unknown = sorted(set(text) - set(stoi))
-            if unknown:
-                raise UserError(f"characters {''.join(unknown)!r} are not in the model's vocabulary")
-            return [stoi[c] for c in text]
-        return encode, lambda ids: ''.join(itos[i] for i in ids)
-    if meta['tokenizer'] == 'hf':  # a pretrained model's own (prepare.py --tokenizer=SOURCE)
-        return transformers_side().hf_codec(meta['tokenizer_source'])
-    enc = gpt2_encoding()
-    return (lambda text: enc.encode(text, allowed_special={'<|endoftext|>'})), enc.decode
-
-
-def check_tokenizer(model, meta, data_dir):
-    """Data (its meta.json dict) must be tokenized as the model reads: the same vocabulary size for our GPT, the same
-    tokenizer (its fingerprint, prepare.py --tokenizer=SOURCE) for a pretrained transformers model."""
-    if isinstance(model, GPT):
-        if model.config.vocab_size != meta['vocab_size']:
-            raise UserError(f"the model's vocabulary ({model.config.vocab_size}) does not match the data's "
-                            f"({meta['vocab_size']}, {meta['tokenizer']} tokenizer in {data_dir})")
-        return
-    if meta.get('tokenizer_fingerprint') != model.tokenizer_fingerprint:  # computed as the model loaded
-        used = meta.get('tokenizer_source', meta['tokenizer'])
-        raise UserError(f"{data_dir} was tokenized with {used}'s tokenizer, not {model.source}'s: prepare the data "
-                        f"with it, e.g. `python prepare.py {meta.get('dataset', 'wikitext2')} --tokenizer={model.source}`")
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
@@ -249,156 +221,23 @@ def fsync_folder(folder):
         os.close(fd)
 
 
+def save_figure(fig, path):
+    """A matplotlib figure written atomically as path (its format from the name), then closed; returns path."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    try:
+        with atomic_write(path, 'wb') as f:  # the format from the real name, not from path.tmp
+            fig.savefig(f, dpi=110, format=os.path.splitext(path)[1][1:] or 'png')
+    finally:
+        plt.close(fig)
+    return path
+
+
 def save_checkpoint(obj, path):
     """Write atomically: a crash at any moment leaves either the old file or the new one, never a torn one; a
     failed write (a full disk) leaves the old one and no ckpt.pt.tmp, and raises WriteFailed."""
     with atomic_write(path, 'wb', durable=True) as f:
         torch.save(obj, f)
-
-
-def checkpoint_progress(path):
-    """(iteration, config) of a checkpoint file, or (None, None) when there is none or it is unreadable.
-    Memory-mapped: the weights are not read."""
-    try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
-        return int(ckpt['iter_num']), dict(ckpt.get('config', {}))
-    except Exception:
-        return None, None
-
-
-def load_checkpoint(path, map_location='cpu', mmap=False):
-    """A checkpoint dict, loaded with weights_only=True (no code runs from the file); mmap: tensors are read from
-    the file only when used."""
-    if not os.path.isfile(path):
-        raise UserError(f"no checkpoint at {path}")
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except Exception as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt?): {reason}") from None
-    if not isinstance(ckpt, dict) or not {'model', 'model_args'} <= set(ckpt):
-        raise UserError(f"{path} is not a corridor-gpt checkpoint (no 'model' / 'model_args')")
-    return ckpt
-
-
-def model_from_checkpoint(ckpt, **overrides):
-    """The model a checkpoint holds (weights loaded, train mode): our GPT, or a pretrained model rebuilt from its
-    source (lab.hf.PretrainedLM, or GPT-2). overrides: GPTConfig keys that carry no weights (dropout,
-    operator_lr_mult). A checkpoint of weights='operator' (train.py --train_only=operator) holds only the operator's
-    scalars; the frozen weights come from the source again."""
-    args = {**ckpt['model_args'], **overrides}
-    source, weights = ckpt.get('source'), ckpt.get('weights', 'all')
-    operator = {key: args[key] for key in OPERATOR_KEYS}
-    if source is not None and not is_gpt2(source):
-        model, _ = transformers_side().load_pretrained(source, **operator)
-    elif weights == 'operator':
-        model = GPT.from_pretrained(source, dropout=args['dropout'], **operator)
-    else:
-        model = GPT(GPTConfig(**args))
-    state = {k.removeprefix('_orig_mod.'): v for k, v in ckpt['model'].items()}  # saved from a compiled model
-    if weights == 'operator':
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if unexpected or any('.coefficients.' in key for key in missing):
-            raise UserError(f"the checkpoint's operator scalars do not fit {source}'s layers")
-    else:
-        model.load_state_dict(state)
-    return model
-
-
-# ---------------------------------------------------------------------------------------------- run folders
-
-def read_log(out_dir):
-    path = os.path.join(out_dir, 'log.jsonl')
-    if not os.path.isfile(path):
-        return []
-    entries = []
-    with open(path) as f:
-        for line in f:
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass  # a line torn by a crash
-    return entries
-
-
-def load_run(out_dir):
-    """A run folder: its name, config, log entries, final (γ, δ), the series (iter, γ, δ) at every evaluation, the
-    model's parameter count (GPT.get_num_params), the source of a pretrained model, and the wall seconds it trained.
-
-    γ and δ come from log.jsonl, which holds every head's at every evaluation: no model is rebuilt to read scalars.
-    The checkpoint gives the config and progress (memory-mapped: its weights are not read), and is rebuilt into a
-    model only for what the log lacks: a run stopped after its last evaluation, and a pretrained model's size."""
-    if not os.path.isdir(out_dir):
-        raise UserError(f"no run folder {out_dir!r}")
-    ckpt = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), mmap=True)
-    log = read_log(out_dir)
-    series = [(e['iter'], torch.tensor(e['gamma']), torch.tensor(e['delta'])) for e in log if 'gamma' in e]
-    model = None
-    if series and series[-1][0] == ckpt['iter_num']:
-        gamma, delta = series[-1][1:]
-    else:  # stopped after its last evaluation (Ctrl-C), or a log lost: the checkpoint's own scalars
-        model = model_from_checkpoint(ckpt)
-        gamma, delta = gamma_delta(model.operator_coefficients())
-    if ckpt.get('source') is None or is_gpt2(ckpt['source']):
-        with torch.device('meta'):  # our GPT's parameters counted without allocating them
-            counted = GPT(GPTConfig(**ckpt['model_args']))
-    else:
-        counted = model or model_from_checkpoint(ckpt)
-    return dict(name=os.path.basename(os.path.normpath(out_dir)), out_dir=out_dir, config=ckpt['config'],
-                iter=ckpt['iter_num'], log=log, gamma=gamma, delta=delta, series=series,
-                params=counted.get_num_params(), source=ckpt.get('source'), seconds=ckpt.get('seconds'),
-                non_embedding=counted.non_embedding_params() if hasattr(counted, 'non_embedding_params') else None)
-
-
-def occupancy_report(gamma, delta):
-    """corridor.json's content for [n_layer, n_head] tensors of γ and δ."""
-    layers = []
-    for layer, (g, d) in enumerate(zip(gamma, delta)):
-        layers.append(dict(layer=layer, gamma=g.tolist(), delta=d.tolist(),
-                           occupancy=in_corridor(g).float().mean().item(),
-                           below=int((g <= -1).sum()), above=int((g >= 0).sum()),
-                           # torch's median: the lower middle value for an even number of heads
-                           gamma_mean=g.mean().item(), gamma_median=g.median().item(), delta_mean=d.mean().item()))
-    return dict(layers=layers, occupancy=in_corridor(gamma).float().mean().item(),
-                occupancy_beyond_first=in_corridor(gamma[1:]).float().mean().item() if len(gamma) > 1 else None)
-
-
-GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
-# lab/hf.py's packaged models (PACKAGED_GGUF and MiniLM; a test holds the two lists together): not GPT-2s
-HF_ONLY_NAMES = ('all-MiniLM-L6-v2', 'smollm2-135m', 'gemma3-270m', 'qwen2.5-coder-0.5b', 'qwen2.5-coder-1.5b')
-
-
-def is_gpt2(source):
-    """A GPT-2 name, or a local folder saved by `transformers` whose config.json says model_type 'gpt2'."""
-    if source in GPT2_NAMES:
-        return True
-    try:
-        with open(os.path.join(source, 'config.json')) as f:
-            return json.load(f).get('model_type') == 'gpt2'
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def load_model(source, **overrides):
-    """(model, meta) from a run folder (its ckpt.pt), OpenAI's GPT-2 (a name or a local transformers folder) as our
-    GPT, or another pretrained causal LM (lab.hf.PretrainedLM: a packaged model, a .gguf file, a transformers folder
-    or hub name); meta names the tokenizer as a dataset's meta.json does. overrides: GPTConfig keys that carry no
-    weights (dropout and, for a pretrained model, the operator keys)."""
-    if is_gpt2(source):
-        try:
-            return GPT.from_pretrained(source, **overrides), dict(tokenizer='gpt2', vocab_size=50257)
-        except (RuntimeError, ValueError) as e:
-            raise UserError(str(e)) from None
-    hub_name = re.fullmatch(r'[\w.-]+/[\w.-]+', source) and not os.path.exists(source)
-    pretrained = source.endswith('.gguf') or source in HF_ONLY_NAMES or hub_name or \
-        os.path.isfile(os.path.join(source, 'config.json')) and not os.path.isfile(os.path.join(source, 'ckpt.pt'))
-    if pretrained:  # a transformers causal LM (lab/hf.py); the keys that carry no weights are the operator's
-        return transformers_side().load_pretrained(source, **{k: v for k, v in overrides.items() if k != 'dropout'})
-    if not os.path.isdir(source):
-        raise UserError(f"no run folder {source!r} (a folder train.py wrote, a GPT-2 name: {', '.join(GPT2_NAMES)}, "
-                        f"or a pretrained causal LM: {', '.join(HF_ONLY_NAMES[1:])}, a .gguf file, a transformers folder)")
-    ckpt = load_checkpoint(os.path.join(source, 'ckpt.pt'))
-    return model_from_checkpoint(ckpt, **overrides), ckpt['meta']
 
 
 # ---------------------------------------------------------------------------------------------- dtype and MFU
@@ -420,10 +259,11 @@ def resolve_dtype(dtype, device):
 SDPA_BACKENDS = ('auto', 'flash', 'efficient', 'cudnn', 'math')
 
 
-def sdpa_backend(name, device, dtype, head_size):
+def sdpa_backend(name, model, block_size, device, dtype, autocast):
     """A context manager that lets only this SDPA backend run ('auto': every one, nullcontext), after trying it here
-    on a small causal input of the model's dtype and head size, forward and backward: a backend this device (or
-    dtype, or head size) has no kernel for is one line now, not a crash at the first step."""
+    on the model's own forward and backward over a few tokens, as it will train (its layout, head size, grouped-query
+    heads, dtype, dropout), its gradients and the run's random numbers left untouched: a backend with no kernel for
+    them is one line now, not a crash at the first step."""
     import contextlib
     import warnings
     if name not in SDPA_BACKENDS:
@@ -433,15 +273,19 @@ def sdpa_backend(name, device, dtype, head_size):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = {'flash': SDPBackend.FLASH_ATTENTION, 'efficient': SDPBackend.EFFICIENT_ATTENTION,
                'cudnn': SDPBackend.CUDNN_ATTENTION, 'math': SDPBackend.MATH}[name]
-    q = torch.randn(1, 2, 16, head_size, device=device, dtype=getattr(torch, dtype), requires_grad=True)
     try:
-        with sdpa_kernel(backend), warnings.catch_warnings():
+        with sdpa_kernel(backend), warnings.catch_warnings(), autocast, \
+                torch.random.fork_rng(devices=[torch.device(device)] if device.startswith('cuda') else []):
             warnings.simplefilter('ignore')  # PyTorch warns once per reason a kernel was refused; the error says it
-            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+            idx = torch.zeros(1, min(16, block_size), dtype=torch.long, device=device)
+            model(idx, idx)[1].backward()
     except RuntimeError as e:
         reason = (str(e).strip().splitlines() or ['no kernel'])[0].split('. ')[0].rstrip('.')
-        raise UserError(f"sdpa_backend={name!r} does not run on {device} in {dtype} with head size {head_size} "
-                        f"({reason}): use --sdpa_backend=auto, or one of {', '.join(n for n in SDPA_BACKENDS[1:] if n != name)}") from None
+        others = ', '.join(n for n in SDPA_BACKENDS[1:] if n != name)
+        raise UserError(f"sdpa_backend={name!r} does not run this model's attention on {device} in {dtype} "
+                        f"({reason}): use --sdpa_backend=auto, or one of {others}") from None
+    finally:
+        model.zero_grad(set_to_none=True)
     return sdpa_kernel(backend)
 
 
@@ -472,3 +316,10 @@ def peak_flops_of(device_name, dtype):
         if key in device_name:
             return peaks.get(dtype)
     return None
+
+
+def flops_per_token(model, seq_len, weights_train=True):
+    """Training FLOPs per token, PaLM appendix B: 6N + 12·L·H·d_head·T, the 6N being 2N forward, 2N for the
+    activations' gradients and 2N for the weights'. Frozen weights (train_only='operator') get none: 4N."""
+    attention = 12 * model.config.n_layer * model.config.n_head * model.head_size * seq_len
+    return (6 if weights_train else 4) * model.get_num_params() + attention

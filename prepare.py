@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from common import UserError, WriteFailed, describe_os_error, gpt2_encoding, main_guard, storage_error, transformers_side
+from common import UserError, WriteFailed, describe_os_error, gpt2_encoding, main_guard, storage_error
 
 SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
 # OpenWebText: the Hugging Face hub's parquet export of Skylion007/openwebtext (the original repository is a loading
@@ -75,7 +75,7 @@ def token_dtype(vocab_size):
 
 def model_tokenizer(source):
     """(encode, vocab_size, meta entries) for a pretrained model's own tokenizer (lab/hf.py loads it)."""
-    hf = transformers_side()  # here, not at the top: it imports torch and transformers, which the other datasets never need
+    from lab import hf  # here, not at the top: a pretrained model's tokenizer is the lab's (and transformers')
     tokenizer = hf.load_tokenizer(source)
     vocab_size = max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
 
@@ -89,15 +89,16 @@ def model_tokenizer(source):
     return encode, vocab_size, meta
 
 
-def download_text(url, input_path):
-    if input_path:
-        return Path(input_path).read_text(encoding='utf-8')
+def download_text(url, args):
+    if args.input:
+        return Path(args.input).read_text(encoding='utf-8')
     print(f"downloading {url}")
     try:
         with urllib.request.urlopen(url, timeout=30) as response:
             return response.read().decode('utf-8')
-    except OSError as e:
-        raise UserError(f"could not download {url} ({e}); pass a local copy with --input PATH") from None
+    except OSError as e:  # the whole command, as train.py passes this line on when it prepares on demand
+        raise UserError(f"could not download {url} ({e}); prepare it from a local copy: python prepare.py "
+                        f"{args.dataset} --input PATH --data_root={args.data_root}") from None
 
 
 # ---------------------------------------------------------------------------------------------- small corpora
@@ -136,7 +137,7 @@ def write_subword(out, texts, source, tokenizer_name, dataset):
 
 def prepare_shakespeare(out, args, char_level):
     """nanoGPT's split: the first 90% of the characters train, the rest validate."""
-    text = download_text(SHAKESPEARE_URL, args.input)
+    text = download_text(SHAKESPEARE_URL, args)
     source = args.input or SHAKESPEARE_URL
     split = int(len(text) * 0.9)
     if char_level:

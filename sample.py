@@ -14,7 +14,8 @@ from contextlib import nullcontext
 
 import torch
 
-from common import UserError, load_model, main_guard, parse_config, resolve_dtype, tokenizer_from_meta
+from common import UserError, main_guard, parse_config, resolve_dtype
+from sources import load_model, tokenizer_from_meta
 
 DEFAULTS = dict(
     init_from='resume',   # 'resume': out_dir/ckpt.pt; or a GPT-2 name ('gpt2', 'gpt2-medium', ...) or local folder

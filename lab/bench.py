@@ -33,7 +33,7 @@ import time
 import numpy as np
 import torch
 
-from common import PEAK_FLOPS, REPO, UserError, atomic_write, peak_flops, sdpa_backend
+from common import PEAK_FLOPS, REPO, UserError, atomic_write, flops_per_token, peak_flops, sdpa_backend
 from lab.connection import connection_diagnostics, head_weights
 from model import GPT, OPERATORS, CausalSelfAttention, GPTConfig
 
@@ -226,12 +226,12 @@ def bench_training(p, device, autocast, results, baseline=None):
         tps = tokens / statistics.median(t)
         speed = median_ratio(times, ('attention', mode), (form, mode))
         mem = memory[(form, mode)] / memory[('attention', mode)]
-        mfu = f"  {model.flops_per_token(p['block_size']) * tps / peak:.1%}" if peak else ''
+        mfu = f"  {flops_per_token(model, p['block_size']) * tps / peak:.1%}" if peak else ''
         print(f"  {form:>10} {mode:>8} {tps:>12,.0f} {speed:>13.3f} {memory[(form, mode)] / 2**20:>10.1f} {mem:>13.3f}{mfu}")
         results['training'][f'{form}/{mode}'] = dict(tokens_per_s=tps, throughput_vs_attention=speed,
                                                     memory_bytes=memory[(form, mode)], memory_vs_attention=mem,
                                                     sdpa_kernels=kernels[(form, mode)],
-                                                    mfu=model.flops_per_token(p['block_size']) * tps / peak if peak else None)
+                                                    mfu=flops_per_token(model, p['block_size']) * tps / peak if peak else None)
     if baseline:
         print("\n  against the baseline model.py (the same variants, interleaved in every round):")
         print(f"  {'form':>10} {'mode':>8} {'throughput vs baseline':>23} {'memory vs baseline':>19}")
@@ -314,7 +314,7 @@ def epilogue_traffic(p, device, autocast, results):
     tokens = m['batch_size'] * m['block_size']
     extra_bytes = (forward + backward) * tokens * gpt2.config.n_embd * m['dtype_bytes'] * gpt2.config.n_layer
     peak = PEAK_FLOPS['H100']['bfloat16']  # = H200's
-    step = [gpt2.flops_per_token(m['block_size']) * tokens / (peak * mfu) for mfu in ASSUMED_MFU]
+    step = [flops_per_token(gpt2, m['block_size']) * tokens / (peak * mfu) for mfu in ASSUMED_MFU]
     predicted = {gpu: [t / (t + extra_bytes / bandwidth) for t in step] for gpu, bandwidth in BANDWIDTH.items()}
     print(f"  GPT-2 124M, micro-batch {m['batch_size']} × {m['block_size']} in bf16, {gpt2.config.n_layer} layers: "
           f"+{extra_bytes / 1e9:.2f} GB per micro-step; against an attention micro-step of "
@@ -336,7 +336,7 @@ common.main_guard(lambda: train.main(sys.argv[2:]))
 if sys.argv[1].startswith('cuda'):
     print('peak memory', torch.cuda.max_memory_allocated(sys.argv[1]))
 """
-LOG_LINE = re.compile(r"iter (\d+): loss ([\d.]+), .*?([\d,]+) tok/s(?:, mfu ([\d.]+)%)?, (\d+) ms/iter")
+LOG_LINE = re.compile(r"iter (\d+)/\d+: batch loss ([\d.]+), .*?([\d,]+) tok/s(?:, mfu ([\d.]+)%)?, (\d+) ms/iter")
 
 
 def write_synthetic_tokens(folder, vocab_size, n_tokens, seed=0, n_phrases=1000):
@@ -453,7 +453,7 @@ def bench_walk(p, device, results):
     idx = torch.randint(0, p['vocab_size'], (1, w['seq_len']), device=device)
     n_edges = w['seq_len'] * (w['seq_len'] + 1) // 2
     fast = statistics.median(timed(lambda: connection_diagnostics(model, idx), device) for _ in range(3))
-    probs = model.attention_probs(idx)[0][0]          # [H, T, T]
+    probs = model.forward_with_probs(idx)[1][0][0]          # [H, T, T]
     W_V, W_O = head_weights(model.transformer.h[0].attn)
     M = torch.stack([W_V[h] @ W_O[h] for h in range(w['n_head'])])
     d = w['n_embd']
@@ -576,12 +576,14 @@ def check_sdpa_kernels(device, small, dtype):
     step()
     default = sdpa_kernels(step)
     timings = []
+    autocast = torch.autocast(device.split(':')[0], dtype=dtype, enabled=dtype != torch.float32)
     for name in SDPA_BACKENDS[1:]:
-        try:
-            with sdpa_backend(name, device, str(dtype).removeprefix('torch.'), model.config.n_embd // model.config.n_head):
+        try:  # any failure, the probe's one line or a kernel's RuntimeError in the step, marks this backend only
+            with sdpa_backend(name, model, model.config.block_size, device, str(dtype).removeprefix('torch.'),
+                              autocast):
                 step()
                 timings.append(f"{name} {statistics.median(timed(step, device) for _ in range(3)) * 1000:.1f} ms")
-        except UserError:
+        except Exception:
             timings.append(f"{name} -")
     status = 'WARN' if device.startswith('cuda') and default == ['math'] else 'PASS'
     return status, f"auto runs {', '.join(default) or 'none'}; a training step with each: {', '.join(timings)}"
@@ -589,7 +591,7 @@ def check_sdpa_kernels(device, small, dtype):
 
 def check_walk_and_math_path(device, small, dtype):
     """The attention form's math path and the logged walk geometry on the device, against the same on the CPU."""
-    from train import walk_geometry
+    from lab.connection import walk_geometry
     worst, lines = 0.0, []
     for form in ('attention', 'corridor'):
         model = check_model(device, small, form).eval()
@@ -815,9 +817,11 @@ def run(argv, stack):
     else:
         name = f"CPU, {torch.get_num_threads()} threads"
     dtype = getattr(torch, args.dtype or (p['dtype'] if device.startswith('cuda') else 'float32'))
-    try:  # for the whole run; a backend this device lacks is one line
-        stack.enter_context(sdpa_backend(args.sdpa_backend, device, str(dtype).removeprefix('torch.'),
-                                         p['n_embd'] // p['n_head']))
+    try:  # for the whole run; a backend this device lacks is one line, tried on the preset's attention layer
+        probe = GPT(GPTConfig(n_layer=1, n_head=p['n_head'], n_embd=p['n_embd'], block_size=16, vocab_size=64,
+                              operator='corridor', gamma_init=-0.3)).to(device) if args.sdpa_backend != 'auto' else None
+        stack.enter_context(sdpa_backend(args.sdpa_backend, probe, 16, device, str(dtype).removeprefix('torch.'),
+                                         torch.autocast(device.split(':')[0], dtype=dtype, enabled=dtype != torch.float32)))
     except UserError as e:
         sys.exit(f"error: {e}")
 

@@ -47,7 +47,7 @@ Used by train.py (walk_interval), lab/bench.py and lab/walk.py, the command line
 
 import math
 from contextlib import contextmanager
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from tqdm import tqdm
@@ -56,6 +56,17 @@ from model import GPT
 
 
 # ---------------------------------------------------------------------------------------------- walk sources
+
+class TextCodec(NamedTuple):
+    """How a model reads text: its content tokens, and the special tokens its tokenizer puts around a sequence
+    (lab/walk.py samples sequences with it; lab/hf.py builds one for each Hugging Face tokenizer)."""
+    encode: Callable          # text -> token ids, no special tokens
+    prefix: tuple = ()        # e.g. BERT's [CLS], Llama's <|begin_of_text|>
+    suffix: tuple = ()        # e.g. BERT's [SEP]
+
+    def wrap(self, ids):
+        return list(self.prefix) + list(ids) + list(self.suffix)
+
 
 class WalkLayer(NamedTuple):
     """What the walk reads from one attention layer."""
@@ -77,7 +88,7 @@ def head_weights(attn):
 
 
 class GPTWalk:
-    """Our GPT (a run folder, or OpenAI's GPT-2 read through common.load_model) as a walk source. A walk source
+    """Our GPT (a run folder, or OpenAI's GPT-2 read through sources.load_model) as a walk source. A walk source
     gives: `module` (its nn.Module), `causal`, `specials` (how many positions at the start and the end of every
     sequence are special tokens, left out of an encoder's edges), `layers()` (a WalkLayer per layer) and
     `attention_probs(idx)` (every layer's P [B, H, T, T]). hf.HFWalk is the other one."""
@@ -95,7 +106,7 @@ class GPTWalk:
         return out
 
     def attention_probs(self, idx):
-        return self.module.attention_probs(idx)
+        return self.module.forward_with_probs(idx)[1]
 
 
 # ---------------------------------------------------------------------------------------------- the fast moments
@@ -312,6 +323,18 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
     out['sem'] = sem
     out['a_eff'] = (sums['a_eff'] / N).float()
     return out
+
+
+def walk_geometry(model, idx):
+    """Per-layer diagnostics for train.py's log.jsonl (walk_interval): of the attention part, and for the operator
+    family also of the full operator c_I·I + c_P·P. Never on the training path: the math path, in eval mode, on
+    fixed sequences, with no random numbers drawn, so a run's losses are the same with or without it."""
+    parts = ['attention'] if model.config.operator == 'attention' else ['attention', 'operator']
+    geometry = {}
+    for part in parts:
+        result = connection_diagnostics(model, idx, full_operator=part == 'operator')
+        geometry[part] = {key: result[key] for key in PER_LAYER}
+    return geometry
 
 
 def edge_gram(layers, C, d):

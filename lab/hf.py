@@ -7,14 +7,13 @@ What the walk needs from a layer is the same in every family: each query head's 
 from the model itself (output_attentions, eager attention, so RoPE and Qwen3's q/k norms are already in them), and
 its value and output maps W_V^h, W_O^h. FAMILIES says where each family keeps them. This lives apart from lab/walk.py
 because it depends on transformers' module names, which change with transformers; lab/walk.py holds the math and the
-command line. (GPT-2 is read as our own GPT, through common.load_model.)
+command line. (GPT-2 is read as our own GPT, through sources.load_model.)
 """
 
 import contextlib
 import importlib.util
 import inspect
 import json
-import math
 import os
 import re
 import shutil
@@ -27,9 +26,9 @@ from typing import Callable, NamedTuple
 import torch
 from torch.nn import functional as F
 
-from common import GPT2_NAMES, TextCodec, UserError
-from lab.connection import WalkLayer
-from model import GPT, GPTConfig, OperatorCoefficients, OperatorSum, next_token
+from common import GPT2_NAMES, UserError, model_config
+from lab.connection import TextCodec, WalkLayer
+from model import GPT, OperatorCoefficients, next_token
 
 
 class Family(NamedTuple):
@@ -223,65 +222,21 @@ class GGUFIncomplete(UserError):
 
 
 def check_gguf_extent(path):
-    """(tensors, their types) of a GGUF file after checking it whole: the header parses and every tensor the header
-    lists lies inside the file, so a concatenation that lost or reordered a part fails here, in one line."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    scalar = {0: 'B', 1: 'b', 2: 'H', 3: 'h', 4: 'I', 5: 'i', 6: 'f', 7: '?', 10: 'Q', 11: 'q', 12: 'd'}
-
-    def fail(reason):
-        raise GGUFIncomplete(f"{path} is not a whole GGUF file ({reason})", reason)
+    """(name, type, offset, bytes) of every tensor of a GGUF file, read by the gguf package's GGUFReader after
+    checking the file whole: its header parses and every tensor lies inside the file, so a concatenation that lost
+    or reordered a part fails here, in one line (GGUFIncomplete). Once per assembled file: the reader parses every
+    array of the header first (seconds for a 150k-token vocabulary)."""
+    from gguf import GGUFReader
+    try:
+        tensors = [(t.name, t.tensor_type.name, int(t.data_offset), int(t.n_bytes)) for t in GGUFReader(path).tensors]
+    except Exception as e:  # a header that ends early or reads as garbage, or tensor data cut off by the end
+        reason = f"the gguf package can't read it: {(str(e).strip().splitlines() or [type(e).__name__])[0]}"
+        raise GGUFIncomplete(f"{path} is not a whole GGUF file ({reason})", reason) from None
     size = os.path.getsize(path)
-    with open(path, 'rb') as f:
-        def read(fmt):
-            fmt = '<' + fmt  # little-endian, packed
-            data = f.read(struct.calcsize(fmt))
-            if len(data) < struct.calcsize(fmt):
-                fail('the header ends early')
-            return struct.unpack(fmt, data)
-
-        def string():
-            length, = read('Q')
-            if length > size:
-                fail('a string longer than the file')
-            return f.read(length).decode('utf-8', errors='replace')
-
-        def value(kind):
-            if kind == 8:
-                return string()
-            if kind == 9:  # an array: its items' type, their count, the items
-                item, count = read('IQ')
-                if item in scalar and item != 8:
-                    f.seek(count * struct.calcsize('<' + scalar[item]), 1)
-                    return None
-                return [value(item) for _ in range(count)]
-            if kind not in scalar:
-                fail(f'an unknown value type {kind}')
-            return read(scalar[kind])[0]
-        magic, _version, n_tensors, n_keys = read('4sIQQ')
-        if magic != b'GGUF':
-            fail('no GGUF magic')
-        alignment = 32
-        for _ in range(n_keys):
-            key = string()
-            kind, = read('I')
-            v = value(kind)
-            if key == 'general.alignment':
-                alignment = v
-        tensors = []
-        for _ in range(n_tensors):
-            name = string()
-            n_dims, = read('I')
-            dims = read(f'{n_dims}Q')
-            kind, offset = read('IQ')
-            try:
-                block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-            except (ValueError, KeyError):
-                fail(f'{name} has an unknown tensor type {kind}')
-            tensors.append((name, GGMLQuantizationType(kind).name, offset, math.prod(dims) // block * nbytes))
-        start = -(-f.tell() // alignment) * alignment
-    outside = [name for name, _, offset, nbytes in tensors if start + offset + nbytes > size]
+    outside = [name for name, _, offset, nbytes in tensors if offset + nbytes > size]
     if outside:
-        fail(f"{len(outside)} of {len(tensors)} tensors end past its {size:,} bytes, e.g. {outside[0]}")
+        reason = f"{len(outside)} of {len(tensors)} tensors end past its {size:,} bytes, e.g. {outside[0]}"
+        raise GGUFIncomplete(f"{path} is not a whole GGUF file ({reason})", reason)
     return tensors
 
 
@@ -475,12 +430,13 @@ def apply_operator(module, pv, query, value):
     """out_h = c_I·V_h + c_P·(P_h V_h) for P·V [B, T, H, d_h] from one of transformers' attention functions, with this
     layer's (c_I, c_P) from module.coefficients (model.OperatorCoefficients). query [B, H, T, d_h]; value
     [B, n_kv, S, d_h], S ≥ T with a KV cache (the query positions are the last T)."""
+    if module.coefficients.is_plain_attention:
+        return pv  # (c_I, c_P) = (0, 1), as model.py's attention
     H, T = query.shape[1], query.shape[2]
     # the identity term reads each query head's own value head: with GQA, query head h reads KV head h // (H / n_kv)
     v = value[:, :, -T:].repeat_interleave(H // value.shape[1], dim=1).transpose(1, 2)  # [B, T, H, d_h]
-    c_I, c_P = (c.view(-1, 1) for c in module.coefficients())   # one (c_I, c_P) per head
-    # out_h = c_I·V_h + c_P·(P_h V_h), in the activations' dtype with dL/dc summed in float32 (model.OperatorSum)
-    return OperatorSum.apply(v, pv, c_I, c_P)
+    c_I, c_P = (c.view(-1, 1) for c in module.coefficients())   # one (c_I, c_P) per head, [H, 1]
+    return (c_I * v + c_P * pv).to(pv.dtype)  # out_h = c_I·V_h + c_P·(P_h V_h), as model.py, in the model's dtype
 
 
 def operator_attention(module, query, key, value, attention_mask, **kwargs):
@@ -534,13 +490,13 @@ class PretrainedLM(torch.nn.Module):
     operator_attention. At γ0 = 0, δ0 = 1 (the default) it computes the pretrained model's logits.
 
     It answers what train.py, sample.py and analyze.py ask of model.GPT: forward(idx, targets) -> (logits, loss),
-    operator_coefficients(), operator_parameters(), configure_optimizers(), get_num_params(), flops_per_token(),
-    generate(), and `config`: a GPTConfig with the model's sizes and the operator keys."""
+    operator_coefficients(), operator_parameters(), configure_optimizers(), get_num_params(), non_embedding_params(),
+    head_size, generate(), and `config`: a GPTConfig with the model's sizes and the operator keys."""
 
     def __init__(self, lm, config, source, tokenizer_fingerprint=None):
         super().__init__()
         self.lm, self.config, self.source = lm, config, source
-        self.tokenizer_fingerprint = tokenizer_fingerprint  # its tokenizer's (load_pretrained), for common.check_tokenizer
+        self.tokenizer_fingerprint = tokenizer_fingerprint  # its tokenizer's (load_pretrained), for sources.check_tokenizer
         for attn in attention_modules(lm):
             attn.coefficients = OperatorCoefficients(config)
         register_operator_attention()
@@ -583,12 +539,6 @@ class PretrainedLM(torch.nn.Module):
         """Parameters without the token embedding (nor an output layer tied to it): a scaling law's count."""
         return sum(p.numel() for p in self.parameters()) - self.lm.get_input_embeddings().weight.numel()
 
-    def flops_per_token(self, seq_len):
-        """6N + 12·L·H·d_h·T (PaLM appendix B), as GPT's; d_h is the model's head size."""
-        config = text_config(self.lm)
-        d_h = getattr(config, 'head_dim', None) or config.hidden_size // config.num_attention_heads
-        return 6 * self.get_num_params() + 12 * self.config.n_layer * self.config.n_head * d_h * seq_len
-
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None):
         """As GPT.generate, through the model's own KV cache (the operator's identity term reads the new token's
@@ -625,12 +575,9 @@ def load_pretrained(source, **operator_keys):
             raise UserError(f"cannot load {source!r}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
         fingerprint = tokenizer_fingerprint(load_tokenizer(source, folder))
     config = text_config(lm)
-    try:
-        gpt_config = GPTConfig(block_size=config.max_position_embeddings, vocab_size=config.vocab_size,
-                               n_layer=config.num_hidden_layers, n_head=config.num_attention_heads,
-                               n_embd=config.hidden_size, bias=False, **operator_keys)
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    gpt_config = model_config(dict(block_size=config.max_position_embeddings, vocab_size=config.vocab_size,
+                                   n_layer=config.num_hidden_layers, n_head=config.num_attention_heads,
+                                   n_embd=config.hidden_size, bias=False, **operator_keys))
     meta = dict(tokenizer='hf', tokenizer_source=source, tokenizer_fingerprint=fingerprint,
                 vocab_size=config.vocab_size)
     return PretrainedLM(lm, gpt_config, source, fingerprint), meta

@@ -23,8 +23,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from analyze import plt, save
-from common import UserError, atomic_write, check_tokenizer, load_model, load_run, main_guard
+from common import UserError, atomic_write, main_guard
+from lab.figures import plt, save
+from sources import check_tokenizer, load_model, load_run
 from model import OperatorCoefficients
 
 

@@ -12,11 +12,13 @@ import statistics
 
 import torch
 
-from analyze import WALK_PANELS, plot_evolution, plot_gamma_delta, plot_occupancy, plot_walk_evolution, plt, save, walk_series
-from common import UserError, atomic_write, load_run, occupancy_report
-from model import in_corridor
+from analyze import occupancy_report, plot_evolution, plot_gamma_delta, plot_occupancy
+from common import UserError, atomic_write
+from model import CLAIM_B, in_corridor
+from sources import load_run
 
 from lab.connection import depth_regimes
+from lab.figures import WALK_PANELS, plot_walk_evolution, plt, save, walk_series
 from lab.stats import Tests, ci_half_width, fmt_p, line_fit, paired_test, summary_test, weighted_line_fit
 from lab.studies import (FIXED_GAMMAS, FROZEN_SEED, PRETRAINED_FIXED_GAMMA, STUDIES, frozen_gamma_path, millions,
                          non_embedding_params, parse_variant, run_state)
@@ -321,7 +323,7 @@ def scales_figures(results, out, tests, study):
     return lines + ['', *fits, '', '![scales](scales.png)', '']
 
 
-DEEP = -0.05  # claim (b)'s "inside the corridor", read strictly: a head at γ = −0.01 is hardly off attention
+DEEP = CLAIM_B  # model.py: claim (b)'s "inside the corridor", read strictly (−1 < γ < −0.05)
 
 
 def last_quarter_range(gamma):

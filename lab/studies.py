@@ -12,8 +12,9 @@ from typing import NamedTuple
 
 import torch
 
-from common import REPO, UserError, load_checkpoint, model_config, parse_config
+from common import REPO, UserError, model_config, parse_config
 from model import GPT
+from sources import load_checkpoint
 from train import DEFAULTS as TRAIN_DEFAULTS  # train.py's config keys and defaults: every run a study plans is checked against them
 
 # ------------------------------------------------------------------------------------------------ variants
@@ -80,12 +81,9 @@ def millions(n):
 
 
 def non_embedding_params(config):
-    """Parameters without the token and position embeddings (the token embedding is the tied output layer too):
-    the count that does not depend on the vocabulary, the one a scaling law uses."""
-    with torch.device('meta'):  # the count without allocating the weights
-        model = GPT(model_config({**config, 'vocab_size': 1}))
-    return model.get_num_params(non_embedding=False) - model.transformer.wte.weight.numel() - \
-        model.transformer.wpe.weight.numel()
+    """GPT.non_embedding_params of a run config's model, counted without allocating its weights."""
+    with torch.device('meta'):
+        return GPT(model_config({**config, 'vocab_size': 1})).non_embedding_params()
 
 
 # The scale ladder at equal tokens per parameter: 4 sizes over 21× in non-embedding parameters (55k to 1.18M; depth

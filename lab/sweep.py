@@ -25,8 +25,11 @@ counts as 'lower' or 'higher' only when the adjusted p is below 5 %; otherwise '
 than X', X the CI's bound farthest from zero (lab/stats.py, through scipy.stats).
 """
 
+import contextlib
+import gc
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -36,9 +39,11 @@ from types import SimpleNamespace
 import torch
 from tqdm import tqdm
 
-from common import PEAK_FLOPS, REPO, UserError, atomic_write, check_tokenizer, main_guard, model_config, parse_config
+from common import PEAK_FLOPS, REPO, UserError, atomic_write, flops_per_token, main_guard, model_config, parse_config, \
+    resolve_dtype
 from model import GPT
-from train import DEFAULTS as TRAIN_DEFAULTS, Data  # train.py's config keys and defaults: every run a study plans is checked against them
+from sources import Data, check_tokenizer
+from train import DEFAULTS as TRAIN_DEFAULTS  # train.py's config keys and defaults: every run a study plans is checked against them
 
 from lab import hf, launch
 from lab.reports import report
@@ -109,7 +114,7 @@ def print_plan(runs):
         if config['init_from'] in ('scratch', 'resume') or config['init_from'].startswith('gpt2'):
             with torch.device('meta'):  # the parameter count without allocating the weights
                 model = GPT(model_config({**config, 'vocab_size': vocab or 50257}))
-            flops, params, non_embedding = model.flops_per_token(config['block_size']), model.get_num_params(), \
+            flops, params, non_embedding = flops_per_token(model, config['block_size'], config['train_only'] == 'all'), model.get_num_params(), \
                 non_embedding_params(config)
         else:  # a pretrained transformers model: counted from its config; frozen weights need no weight gradients
             params, non_embedding = hf.parameter_count(config['init_from'])
@@ -221,8 +226,11 @@ def train_all(runs, parallel, gpus_per_run=1):
 
 def frozen_gamma_losses(setting, out_root, gammas=PRETRAINED_GAMMAS, seed=FROZEN_SEED, train_args=()):
     """{γ: [val loss per evaluation batch]} of the setting's frozen pretrained model with every head at fixed γ,
-    δ = 1, on the val batches train.py's evaluation draws for `seed`; kept in OUT_ROOT/<setting>/frozen_gamma.json
-    after each γ, so that a rerun continues (and recomputes all if the setting's data or batches changed)."""
+    δ = 1, on the val batches train.py's evaluation draws for `seed`, evaluated as a run evaluates (its device and
+    dtype, autocast, compiled if it compiles: γ = 0 is the runs' iteration-0 loss); kept in
+    OUT_ROOT/<setting>/frozen_gamma.json after each γ, so that a rerun continues (and recomputes all if the
+    setting's data or batches changed). Its memory is released before any run starts (the runs are processes of
+    their own, which need the GPU's memory)."""
     config_file, keys = SETTINGS[setting]
     args = [os.path.join(REPO, config_file),
             *(f'--{k}={v!r}' for k, v in keys.items()), f'--seed={seed}', *train_args]
@@ -238,23 +246,32 @@ def frozen_gamma_losses(setting, out_root, gammas=PRETRAINED_GAMMAS, seed=FROZEN
             saved = previous
     todo = [g for g in gammas if f'{g:+g}' not in saved['losses']]
     if todo:
-        data = Data(cfg, cfg.device)
+        data = Data(cfg.data_root, cfg.dataset, cfg.block_size, cfg.batch_size, cfg.device)
         model, _ = hf.load_pretrained(cfg.init_from, operator='corridor', learn_gamma=False, learn_delta=False)
         check_tokenizer(model, data.meta, data.dir)
-        model.to(cfg.device).eval()
+        dtype = resolve_dtype(cfg.dtype, cfg.device)  # as train.py: its autocast, its compiled model
+        autocast = contextlib.nullcontext() if dtype == 'float32' else \
+            torch.autocast(cfg.device.split(':')[0], getattr(torch, dtype))
+        model = model.to(cfg.device).eval()
+        evaluate = torch.compile(model) if cfg.compile else model
         offsets = data.offsets('val', cfg.eval_iters, torch.Generator().manual_seed(cfg.seed + 1000 + 1))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         for gamma in todo:
             for attn in hf.attention_modules(model.lm):
                 attn.coefficients.gamma.fill_(gamma)
             start, losses = time.time(), []
-            with torch.no_grad():
+            with torch.no_grad(), autocast:
                 for k in tqdm(range(cfg.eval_iters), desc=f'frozen model, γ = {gamma:+g}', unit='batch'):
                     x, y = data.batch('val', offsets[k])
-                    losses.append(model(x, y)[1].item())
+                    losses.append(evaluate(x, y)[1].float().item())
             saved['losses'][f'{gamma:+g}'], saved['seconds'][f'{gamma:+g}'] = losses, time.time() - start
             with atomic_write(path) as f:
                 json.dump(saved, f, indent=1)
+        del model, evaluate
+        torch._dynamo.reset()  # compiled graphs hold on to the model
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return {g: saved['losses'][f'{g:+g}'] for g in gammas}, {g: saved['seconds'][f'{g:+g}'] for g in gammas}
 
 
@@ -269,6 +286,8 @@ DEFAULTS = dict(
     out_root='sweeps',             # runs in OUT_ROOT/<setting>/<variant>-s<seed>, reports in OUT_ROOT/<study>
     parallel=1,                    # runs at a time; each gets cpu_count / parallel threads
     report_only=False,             # train nothing; report the finished runs
+    frozen_only=False,             # the pretrained study: evaluate the frozen model's fixed-γ curve here, train nothing
+                                   # (--launcher=slurm leaves the curve to this: run it once on a GPU node)
     plan=False,                    # train nothing; print the runs' tokens and estimated GPU hours
     launcher='local',              # local: train here (each run on GPUs of its own when there are any); slurm:
                                    # one SLURM job per run through submitit, and return; commands: print one
@@ -311,8 +330,15 @@ def main(argv):
         return print_plan(runs)
     if not cfg['report_only']:
         if study.figures == 'pretrained_figures':  # the frozen model's fixed-γ curve: evaluations, before any run
-            for setting in frozen_settings(parts):
-                frozen_gamma_losses(setting, cfg['out_root'], train_args=train_args)
+            if cfg['launcher'] == 'local' or cfg['frozen_only']:  # on the runs' device, as they evaluate
+                for setting in frozen_settings(parts):
+                    frozen_gamma_losses(setting, cfg['out_root'], train_args=train_args)
+            else:  # not on a login node's CPU, for hours
+                command = shlex.join([*sweep_args, '--frozen_only=True', *(['--', *train_args] if train_args else [])])
+                print(f"the report's frozen fixed-γ curve is an evaluation on the runs' device: compute it on one, "
+                      f"e.g. in a job: python -m lab.sweep {command}", file=sys.stderr)
+        if cfg['frozen_only']:
+            return
         if cfg['launcher'] == 'commands':  # stdout: the commands alone
             return launch.print_commands(runs, cfg['gpus_per_run'])
         if cfg['launcher'] == 'slurm':

@@ -18,11 +18,13 @@ import sys
 import torch
 from tqdm import tqdm
 
-from analyze import plt, save
-from common import GPT2_NAMES, TextCodec, UserError, atomic_write, load_model, main_guard, tokenizer_from_meta
-from lab import hf
-from lab.connection import GPTWalk, connection_diagnostics, depth_regimes
+from common import GPT2_NAMES, UserError, atomic_write, main_guard
 from model import GPT
+from sources import load_model, tokenizer_from_meta
+
+from lab import hf
+from lab.connection import GPTWalk, TextCodec, connection_diagnostics, depth_regimes
+from lab.figures import plt, save
 
 
 # ---------------------------------------------------------------------------------------------- text and sampling

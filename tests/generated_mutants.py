@@ -52,31 +52,28 @@ TARGETS = [
     ('model.py', 'laplacian_init', None, MODEL_TESTS),
     ('model.py', 'OPERATORS', None, MODEL_TESTS),
     ('model.py', 'CausalSelfAttention.forward', None, MODEL_TESTS),
-    ('model.py', 'CausalSelfAttention.fused_operator', None, MODEL_TESTS),
     ('model.py', 'GPT.forward', None, MODEL_TESTS),
     ('model.py', 'GPT.configure_optimizers', None, MODEL_TESTS),
     ('model.py', 'GPT.generate', None, MODEL_TESTS),
     ('model.py', 'next_token', None, MODEL_TESTS),
     ('model.py', 'OperatorCoefficients.__init__', None, MODEL_TESTS),
     ('model.py', 'OperatorCoefficients.forward', None, MODEL_TESTS),
-    ('model.py', '_ClampAtZero.backward', None, MODEL_TESTS),
-    ('model.py', 'CorridorProjection.forward', None, MODEL_TESTS),
-    ('model.py', 'CorridorProjection.backward', None, MODEL_TESTS),
-    ('model.py', 'ScaleGradient.backward', None, MODEL_TESTS),
+    ('model.py', 'NonNegative.Clamp.backward', None, MODEL_TESTS),
     ('model.py', 'KVCache.__len__', None, MODEL_TESTS),
     ('model.py', 'KVCache.Layer.extend', None, MODEL_TESTS),
-    ('train.py', 'Data.offsets', None, TRAIN_QUICK),
-    ('train.py', 'Data.batch', None, TRAIN_QUICK),
+    ('sources.py', 'Data.offsets', None, TRAIN_QUICK),
+    ('sources.py', 'Data.batch', None, TRAIN_QUICK),
     ('train.py', 'get_lr', None, TRAIN_QUICK),
     ('train.py', 'estimate_loss', None, TRAIN_EVAL),
     # the loop: the learning rate set per group, the evaluation's bookkeeping, one optimizer step
-    ('train.py', 'train', ('lr = get_lr(iter_num, cfg)', 'if at_eval and not (resumed and iter_num == start_iter)'), TRAIN_LOOP),
-    ('train.py', 'train', ("improved = losses['val'] < progress['best_val_loss']",
-                           "progress['best_val_loss'] = min("), TRAIN_QUICK),
+    ('train.py', 'train', ('lr = get_lr(iter_num, cfg)', 'and not (resumed and iter_num == start_iter)'), TRAIN_LOOP),
+    ('train.py', 'log_evaluation', ("improved = losses['val'] < progress['best_val_loss']",
+                                    "progress['best_val_loss'] = min("), TRAIN_QUICK),
     ('train.py', 'train', ("offsets = data.offsets('train', cfg.gradient_accumulation_steps",
-                           'optimizer.zero_grad(set_to_none=True)'), TRAIN_STEP),
-    ('train.py', 'checkpoint_state', None, TRAIN_RESUME),
-    ('train.py', 'restore_state', None, TRAIN_RESUME),
+                           "window.loss += optimizer_step("), TRAIN_STEP),
+    ('train.py', 'optimizer_step', None, TRAIN_STEP),
+    ('run.py', 'checkpoint_state', None, TRAIN_RESUME),
+    ('run.py', 'restore_state', None, TRAIN_RESUME),
     ('sample.py', 'main', ("device = cfg['device']", "print('---------------')"), ('tests/test_sample.py',)),
     ('lab/probe.py', 'sequences', None, ('tests/test_probe.py',)),
     ('lab/probe.py', 'probe', None, ('tests/test_probe.py',)),
@@ -101,23 +98,19 @@ EQUIVALENT = {
         'logits are 2-D [B, vocab]: dim 1 is dim -1',
     'model.py|return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)|USub dropped|0':
         'logits are 2-D [B, vocab]: dim 1 is dim -1',
-    'model.py|v, _ = torch.topk(logits, min(top_k, logits.size(-1)))|USub dropped|0':
+    'model.py|kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]|USub dropped|1':
         'logits are 2-D [B, vocab]: size(1) is size(-1)',
     'model.py|gamma0 = config.gamma_init + config.init_spread * (2 * torch.rand(config.n_head) - 1)|Add -> Sub|0':
         'gamma_init - spread·u for u uniform on [-1, 1] has the same law as gamma_init + spread·u',
     'model.py|return torch.where((raw > 0) | (grad < 0), grad, torch.zeros_like(grad))  # descent moves raw by -grad|Lt -> LtE|0':
         'at grad == 0 both branches give 0',
-    'model.py|rows.sum(0) if ctx.has_bias and needs[5] else None)|And -> Or|0':
-        "has_bias False means bias is None, so needs[5] is False too; a frozen bias's gradient is discarded by autograd",
-    'model.py|return ((in_dtype(c_I, grad_merged) * grad_merged).to(v.dtype) if needs[0] else None,|0 -> 1|0':
-        'v and y = P·V come from the same c_attn output: they need a gradient together',
     'model.py|return 0 if self.layers[0].k is None else self.layers[0].k.size(2)|0 -> 1|1':
         "every layer's cache holds the same positions: layers[1] has layers[0]'s length",
     'model.py|return 0 if self.layers[0].k is None else self.layers[0].k.size(2)|0 -> 1|2':
         "every layer's cache holds the same positions: layers[1] has layers[0]'s length",
-    'train.py|return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)|True -> False|0':
+    'sources.py|return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)|True -> False|0':
         'non_blocking matters only on CUDA, for overlap, not values',
-    'train.py|return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)|True -> False|1':
+    'sources.py|return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)|True -> False|1':
         'non_blocking matters only on CUDA, for overlap, not values',
     'train.py|if it < cfg.warmup_iters:|Lt -> LtE|0':
         'at it == warmup_iters warmup and cosine both give learning_rate',
@@ -133,11 +126,11 @@ EQUIVALENT = {
         'differs only at an exact tie of val losses, where either model is a best one',
     'train.py|optimizer.zero_grad(set_to_none=True)|True -> False|0':
         'zeroed gradients instead of None: the next backward writes the same values',
-    "train.py|torch.manual_seed(cfg.seed + rank + 7919 * progress['iter_num'])  # (a DDP resume with dropout: not exact)|Add -> Sub|0":
+    "run.py|torch.manual_seed(cfg.seed + rank + 7919 * progress['iter_num'])  # (a DDP resume with dropout: not exact)|Add -> Sub|0":
         'another reseed, still distinct per rank (a DDP resume with dropout is documented as not exact)',
-    "train.py|torch.manual_seed(cfg.seed + rank + 7919 * progress['iter_num'])  # (a DDP resume with dropout: not exact)|Add -> Sub|1":
+    "run.py|torch.manual_seed(cfg.seed + rank + 7919 * progress['iter_num'])  # (a DDP resume with dropout: not exact)|Add -> Sub|1":
         'another reseed, still distinct per rank (a DDP resume with dropout is documented as not exact)',
-    "train.py|torch.manual_seed(cfg.seed + rank + 7919 * progress['iter_num'])  # (a DDP resume with dropout: not exact)|7919 -> 7920|0":
+    "run.py|torch.manual_seed(cfg.seed + rank + 7919 * progress['iter_num'])  # (a DDP resume with dropout: not exact)|7919 -> 7920|0":
         'another reseed, still distinct per rank (a DDP resume with dropout is documented as not exact)',
     "lab/probe.py|for window in tqdm(windows, desc='probe', unit='seq', leave=False):|False -> True|0":
         "tqdm's leave= is display only",

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 import analyze
-from common import read_log, save_checkpoint
+import sources
+from common import save_checkpoint
+from sources import read_log
 from conftest import assert_one_line_error, run_script
 from model import GPT, GPTConfig
-from analyze import walk_series
+from lab.figures import walk_series
 
 # layer 0 holds both boundaries: γ = −1 counts as "below", γ = 0 as "above", neither in the corridor
 GAMMA = [[-1.0, 0.0, -0.5, 0.3], [-0.2, -0.9, -1.5, -0.99], [-0.1, -0.3, -0.6, -0.7]]
@@ -112,17 +114,16 @@ def test_an_attention_run_gets_no_empty_corridor_plots_and_its_comparison_shows_
 def test_gamma_delta_come_from_the_log_and_the_checkpoint_only_when_it_is_newer(tmp_path, monkeypatch):
     """No model is rebuilt to read what log.jsonl holds; a run stopped after its last evaluation (its checkpoint
     newer than the log) reads the checkpoint's own scalars."""
-    import common
     run = fake_run(tmp_path / 'run')
-    real = common.model_from_checkpoint
-    monkeypatch.setattr(common, 'model_from_checkpoint', lambda *a, **k: pytest.fail('a model was rebuilt'))
-    loaded = common.load_run(str(run))
+    real = sources.model_from_checkpoint
+    monkeypatch.setattr(sources, 'model_from_checkpoint', lambda *a, **k: pytest.fail('a model was rebuilt'))
+    loaded = sources.load_run(str(run))
     assert torch.allclose(loaded['gamma'], torch.tensor(GAMMA)) and loaded['params'] > 0
-    monkeypatch.setattr(common, 'model_from_checkpoint', real)
+    monkeypatch.setattr(sources, 'model_from_checkpoint', real)
     lines = (run / 'log.jsonl').read_text().splitlines()
     stale = [json.loads(line) for line in lines[:2]]  # the last evaluation (iter 100, = the checkpoint) lost
     (run / 'log.jsonl').write_text(''.join(json.dumps(e) + '\n' for e in stale))
-    assert torch.allclose(common.load_run(str(run))['gamma'], torch.tensor(GAMMA))  # the checkpoint's, not iter 50's
+    assert torch.allclose(sources.load_run(str(run))['gamma'], torch.tensor(GAMMA))  # the checkpoint's, not iter 50's
 
 
 def test_bad_input_is_one_line(tmp_path):

@@ -23,19 +23,21 @@ def test_bench_tiny_preset_runs_end_to_end(tmp_path):
     assert set(results['training']) == {'attention/eager', 'attention/compiled', 'corridor/eager', 'corridor/compiled'}
     for entry in results['training'].values():
         assert entry['tokens_per_s'] > 0 and entry['memory_bytes'] > 0 and entry['mfu'] is None  # no MFU on CPU
-    # the corridor keeps no more activations than attention, eager and compiled
-    assert results['training']['corridor/compiled']['memory_vs_attention'] < 1.001
-    assert results['training']['corridor/eager']['memory_vs_attention'] < 1.001
-    # The epilogue's traffic as counted from Inductor's C++ kernels, against the count by hand, in [B, T, C]
-    # activations: forward, read V, Y and write the sum; backward, read dL/dsum, V, Y and write the sum again (the
-    # pass that also adds c_I·dL/dsum to V's gradient), plus the dL/dc sums, which the C++ backend computes in
-    # passes of their own (read dL/dsum and V, dL/dsum and Y: Triton fuses them into the pass above) and whose
-    # [B·T, n_head] float32 partial sums are written and read once each
+    # the plain operator line's cost: one [B, T, C] float32 activation per layer kept beyond attention's (its sum,
+    # for c_proj's backward), and the scalars; eager and compiled
+    p = bench.PRESETS['tiny']
+    activation = p['batch_size'] * p['block_size'] * p['n_embd'] * 4
+    for mode in ('eager', 'compiled'):
+        extra = results['training'][f'corridor/{mode}']['memory_bytes'] - \
+            results['training'][f'attention/{mode}']['memory_bytes']
+        assert 0 <= extra <= p['n_layer'] * (activation + 8 * 4 * p['n_head']), (mode, extra)
+    # The operator line's traffic as counted from Inductor's C++ kernels, in [B, T, C] activations: forward, one
+    # fused pass (read V, P·V, write the sum); backward, no more than the old fused epilogue's 8 + 4·n_head / n_embd
+    # on this backend (measured: 6.0)
     epilogue = results['epilogue']
-    n_head, n_embd = bench.PRESETS['tiny']['n_head'], bench.PRESETS['tiny']['n_embd']
     assert epilogue['backend'].startswith('cpp')
-    assert math.isclose(epilogue['forward_activations'], 3, abs_tol=0.01)
-    assert math.isclose(epilogue['backward_activations'], 4 + 4 + 4 * n_head / n_embd, abs_tol=0.02)
+    assert math.isclose(epilogue['forward_activations'], 3, abs_tol=0.01) and epilogue['forward_kernels'] == 1
+    assert 4 <= epilogue['backward_activations'] <= 6.1
     h100, h200 = epilogue['predicted_ratio']['H100 SXM'], epilogue['predicted_ratio']['H200']
     assert 0.9 < h100[0] < h200[0] < 1 and h100[1] < h100[0]  # more bandwidth, or a slower step: closer to 1
     # the two short train.py runs: their own log lines, parsed

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from common import (WriteFailed, append_line, atomic_write, checkpoint_progress, load_checkpoint, peak_flops,
-                    peak_flops_of, save_checkpoint)
+from common import WriteFailed, append_line, atomic_write, peak_flops, peak_flops_of, save_checkpoint
+from sources import checkpoint_progress, load_checkpoint
 
 
 @pytest.mark.parametrize('name,bf16,tf32', [

@@ -5,13 +5,13 @@ A tensor left on the CPU is invisible on a CPU-only machine: every path here run
 Where a path brings results back to the host (connection.to_host), a zero host tensor of the same shape stands in,
 so everything computed on the device still runs there."""
 
-import math
+import contextlib
 
 import pytest
 import torch
 
 from lab import connection
-from model import OPERATORS, GPT, CorridorProjection, GPTConfig, OperatorSum
+from model import OPERATORS, GPT, GPTConfig
 
 META = torch.device('meta')
 
@@ -60,7 +60,7 @@ def test_fast_path_math_path_and_sampling_run_on_the_models_device(operator):
 
 @pytest.mark.parametrize('operator', ['attention', 'corridor'])
 def test_walk_geometry_is_computed_on_the_models_device(operator, fake_host):
-    from train import walk_geometry
+    from lab.connection import walk_geometry
     model = tiny(operator).to(META)
     geometry = walk_geometry(model, torch.randint(0, 32, (3, 8), device=META))
     assert set(geometry) == ({'attention'} if operator == 'attention' else {'attention', 'operator'})
@@ -103,20 +103,20 @@ def test_a_pretrained_models_operator_runs_on_its_device(operator):
         pv = torch.randn(B, T, H, d_h, device=META, requires_grad=True)
         out = hf.apply_operator(attn, pv, query, value)
         out.sum().backward()
-        assert_on(META, out, value.grad, pv.grad)
+        assert_on(META, out, pv.grad, *([value.grad] if operator != 'attention' else []))  # attention: P·V alone
     assert_on(META, *(p.grad for p in model.operator_parameters()))
 
 
 def test_operator_only_training_state_restores_onto_the_device():
     """train_only='operator': the checkpoint's scalars and Adam moments land on the model's device, and a step runs."""
     pytest.importorskip('transformers')
-    from types import SimpleNamespace
     from test_hf import tiny_causal_lm, with_operator
-    from train import freeze_all_but_the_operator, saved_weights
+    from run import saved_weights
 
-    def operator_only():
+    def operator_only():  # as train.py builds it: every weight frozen but the operator's scalars
         model = with_operator(tiny_causal_lm('llama'), operator='corridor', gamma_init=-0.2).float()
-        freeze_all_but_the_operator(model)
+        for p in model.parameters():
+            p.requires_grad_(any(p is q for q in model.operator_parameters()))
         return model
 
     def step(model, optimizer):
@@ -126,7 +126,7 @@ def test_operator_only_training_state_restores_onto_the_device():
     model = operator_only()
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
     step(model, optimizer)
-    state, moments = saved_weights(model, SimpleNamespace(train_only='operator')), optimizer.state_dict()
+    state, moments = saved_weights(model, 'operator'), optimizer.state_dict()
     assert state and all('.coefficients.' in key for key in state)
 
     fresh = operator_only()
@@ -161,36 +161,80 @@ def record_ops(fn):
     return r.ops
 
 
-@pytest.mark.parametrize('epilogue', ['projection', 'sum'])
-def test_the_bf16_epilogue_writes_no_float32_activations_and_sums_dL_dc_in_float32(epilogue):
-    """Under bf16 the operator's elementwise work stays in bf16 (no float32 [B, T, C] temporary, forward or
-    backward), while dL/dc is still a float32 sum, equal to a float64 reference to float32's accuracy of the sum
-    of the same bf16 products."""
+@pytest.mark.parametrize('where', ['our GPT', 'a transformers model'])
+def test_under_bf16_the_operator_line_sums_dL_dc_in_float32_and_its_output_reads_as_the_model_computes(where):
+    """The operator line under bf16 autocast: the scalars stay float32, so c·x promotes (an eager float32 [B, T, C]
+    temporary, which a compiled step fuses away), and dL/dc is a float32 sum of the bf16 activations' products,
+    equal to a float64 reference to float32's accuracy. A transformers model gets the sum back in its activations'
+    dtype, as its own attention would hand it on."""
     torch.manual_seed(0)
     B, T, H, D = 2, 16, 4, 8
-    v, y, grad = (torch.randn(B, T, H, D).bfloat16() for _ in range(3))
-    v.requires_grad_(True), y.requires_grad_(True)
-    c_I, c_P = (torch.randn(H, 1, requires_grad=True) for _ in range(2))
-    weight = torch.randn(H * D, H * D).bfloat16()
-
-    def step():
-        if epilogue == 'projection':
-            out = CorridorProjection.apply(v, y, c_I, c_P, weight, None)
-            out.backward(grad.flatten(2))
-        else:
-            out = OperatorSum.apply(v, y, c_I, c_P)
-            out.backward(grad)
+    if where == 'our GPT':
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=1, n_head=H, n_embd=H * D, block_size=T, vocab_size=32, operator='corridor',
+                              gamma_init=-0.3, init_spread=0.2))
+        attn = model.transformer.h[0].attn
+        x = torch.randn(B, T, H * D)
+        outputs = {}
+        attn.c_proj.register_forward_pre_hook(lambda m, args: outputs.update(y=args[0]))
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            out = attn(x)[0]
+            q, k, v = attn.c_attn(x).split(H * D, dim=2)
+        grad = torch.randn_like(out)
+        out.backward(grad)
+        assert outputs['y'].dtype == torch.float32 and out.dtype == torch.bfloat16
+        v = v.view(B, T, H, D)
+        q, k = (t.view(B, T, H, D).transpose(1, 2) for t in (q, k))
+        pv = torch.nn.functional.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True).transpose(1, 2)
+        g = (grad.to(torch.bfloat16).double() @ attn.c_proj.weight.to(torch.bfloat16).double()).view(B, T, H, D)
+        gamma, delta = attn.coefficients.gamma, attn.coefficients.delta
+        d_cI, d_cP = ((g * t.double()).sum((0, 1, 3)) for t in (v, pv))
+        grads = {'gamma': delta.double() * d_cI, 'delta': gamma.double() * d_cI + d_cP}
+        for name, expected in grads.items():
+            p = getattr(attn.coefficients, name)
+            assert p.grad.dtype == torch.float32
+            torch.testing.assert_close(p.grad.double(), expected, rtol=2e-2, atol=1e-3)
+    else:
+        pytest.importorskip('transformers')
+        from lab.hf import apply_operator
+        from model import OperatorCoefficients
+        module = torch.nn.Module()
+        module.coefficients = OperatorCoefficients(GPTConfig(n_head=H, n_embd=H * D, operator='corridor',
+                                                             gamma_init=-0.3))
+        value = torch.randn(B, H, T, D).bfloat16()
+        pv = torch.randn(B, T, H, D).bfloat16()
+        out = apply_operator(module, pv, torch.zeros(B, H, T, D), value)
+        grad = torch.randn(B, T, H, D).bfloat16()
+        out.backward(grad)
         assert out.dtype == torch.bfloat16
-    ops = record_ops(step)
-    wide = [op for op in ops if op[1] == torch.float32 and math.prod(op[2]) >= B * T * H * D]  # [B, T, C]-sized
-    assert not wide, f"float32 activations: {wide}"
-    assert c_I.grad.dtype == c_P.grad.dtype == torch.float32
-    g = (grad.flatten(2) @ weight).view(B, T, H, D) if epilogue == 'projection' else grad
-    # the reference: the same bf16 products (that is what the epilogue computes), summed in float64
-    ref_I = (g * v.detach()).double().sum((0, 1, 3)).view(H, 1)
-    ref_P = (g * y.detach()).double().sum((0, 1, 3)).view(H, 1)
-    torch.testing.assert_close(c_I.grad.double(), ref_I, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(c_P.grad.double(), ref_P, rtol=1e-5, atol=1e-4)
+        g = grad.double()
+        d_cI = (g * value.transpose(1, 2).double()).sum((0, 1, 3))
+        d_cP = (g * pv.double()).sum((0, 1, 3))
+        c = module.coefficients
+        assert c.gamma.grad.dtype == torch.float32
+        torch.testing.assert_close(c.gamma.grad.double(), c.delta.double() * d_cI, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(c.delta.grad.double(), c.gamma.double() * d_cI + d_cP, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize('top_k', [None, 5])
+def test_sampling_never_waits_for_the_host(top_k):
+    """generate's ops, recorded: no nonzero or index_put_ (a boolean-mask assignment, which on CUDA copies a count
+    back to the host at every token); the tokens are those of a boolean-mask top-k by hand."""
+    model = tiny('corridor').eval()
+    prompt = torch.randint(0, 32, (2, 3), generator=torch.Generator().manual_seed(0))
+    ops = {name for name, *_ in record_ops(lambda: model.generate(prompt, 6, temperature=0.8, top_k=top_k,
+                                                                   generator=torch.Generator().manual_seed(1)))}
+    assert not {op for op in ops if 'nonzero' in op or 'index_put' in op or 'masked_select' in op}, ops
+    # the same draws as the top-k written the old way, a boolean-mask assignment
+    generator, idx = torch.Generator().manual_seed(1), prompt
+    for _ in range(6):
+        logits = model(idx)[0][:, -1] / 0.8
+        if top_k:
+            v, _ = torch.topk(logits, top_k)
+            logits[logits < v[:, [-1]]] = float('-inf')
+        idx = torch.cat([idx, torch.multinomial(logits.softmax(-1), 1, generator=generator)], 1)
+    assert torch.equal(idx, model.generate(prompt, 6, temperature=0.8, top_k=top_k,
+                                           generator=torch.Generator().manual_seed(1)))
 
 
 def test_bf16_fast_path_stays_close_to_the_float64_math_path():
@@ -217,7 +261,7 @@ def test_sdpa_backend_runs_only_the_chosen_kernel(name, expected):
     from common import sdpa_backend
     model = tiny('corridor')
     idx = torch.randint(0, 32, (2, 8))
-    with sdpa_backend(name, 'cpu', 'float32', 8):
+    with sdpa_backend(name, model, 16, 'cpu', 'float32', contextlib.nullcontext()):
         assert sdpa_kernels(lambda: model(idx, idx)[1].backward()) == expected
 
 
@@ -225,10 +269,10 @@ def test_a_backend_cpu_lacks_is_one_line_in_train_py(tiny_data_root, tmp_path):
     from conftest import TINY_TRAIN_ARGS, assert_one_line_error, run_script
     from common import UserError, sdpa_backend
     with pytest.raises(UserError, match='sdpa_backend must be one of'):
-        sdpa_backend('fast', 'cpu', 'float32', 8)
+        sdpa_backend('fast', tiny('corridor'), 16, 'cpu', 'float32', contextlib.nullcontext())
     result = run_script('train.py', '--sdpa_backend=turbo', cwd=tmp_path)
     assert_one_line_error(result, 'sdpa_backend must be one of auto, flash, efficient, cudnn, math')
     result = run_script('train.py', *TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', f'--out_dir={tmp_path / "out"}',
                         '--sdpa_backend=efficient', cwd=tmp_path)
-    assert_one_line_error(result, "sdpa_backend='efficient' does not run on cpu in float32 with head size 16")
+    assert_one_line_error(result, "sdpa_backend='efficient' does not run this model's attention on cpu in float32")
     assert not (tmp_path / 'out').exists()  # refused before the run folder is touched

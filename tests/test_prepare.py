@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import prepare
-from common import tokenizer_from_meta
+from sources import tokenizer_from_meta
 from conftest import (SHAKESPEARE, WIKITEXT_TEST, assert_one_line_error, needs_shakespeare, needs_tokenizer,
                       needs_wikitext, run_script, synthetic_text)
 
@@ -176,7 +176,7 @@ def test_unreachable_download_points_to_input(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:
         prepare.main_guard(prepare.main)
     assert exit_.value.code == 2
-    assert 'pass a local copy with --input PATH' in capsys.readouterr().err
+    assert 'prepare it from a local copy: python prepare.py shakespeare_char --input PATH' in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from common import load_model
+from sources import load_model
 from conftest import assert_one_line_error, run_script
 from lab.probe import corridor_at_the_model, probe, sequences
 

@@ -40,7 +40,7 @@ def test_prompt_from_a_file(trained_run, tmp_path):
 def test_bad_input_is_one_line(trained_run, tmp_path):
     def sample(*args):
         return run_script('sample.py', '--device=cpu', *args, cwd=tmp_path)
-    assert_one_line_error(sample('--out_dir=nowhere'), "no run folder 'nowhere'")
+    assert_one_line_error(sample('--out_dir=nowhere'), "'nowhere' is not a run folder")
     assert_one_line_error(sample(f'--out_dir={trained_run}', '--start=Zebra!'), "not in the model's vocabulary")
     assert_one_line_error(sample(f'--out_dir={trained_run}', '--start=FILE:missing.txt'), "prompt file")
     assert_one_line_error(sample(f'--out_dir={trained_run}', '--max_new_tokens=0'), "max_new_tokens must be")
@@ -53,7 +53,7 @@ def test_bad_input_is_one_line(trained_run, tmp_path):
     assert_one_line_error(sample(f'--out_dir={broken}'), 'is not a readable checkpoint')
     empty = tmp_path / 'empty'
     empty.mkdir()
-    assert_one_line_error(sample(f'--out_dir={empty}'), 'no checkpoint at')
+    assert_one_line_error(sample(f'--out_dir={empty}'), 'is neither a run folder with ckpt.pt nor')
 
 
 def test_the_samples_of_one_call_differ_and_continue_one_random_stream(trained_run, tmp_path):
@@ -61,7 +61,7 @@ def test_the_samples_of_one_call_differ_and_continue_one_random_stream(trained_r
     are what model.generate gives called that many times in a row with that generator (float32 on the CPU, as the
     script runs here)."""
     import torch
-    from common import load_model, tokenizer_from_meta
+    from sources import load_model, tokenizer_from_meta
     n, new = 4, 30
     out = samples(run_script('sample.py', f'--out_dir={trained_run}', '--start=the cat', f'--num_samples={n}',
                              f'--max_new_tokens={new}', '--temperature=1.0', '--top_k=None', '--seed=3',

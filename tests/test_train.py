@@ -339,11 +339,11 @@ def test_logged_walk_geometry_is_the_explicit_per_edge_computation(tiny_data_roo
     """The walk a log line holds, for both parts, against test_walk's naive reference (every edge's d×d Gram built
     in float64) on the model and sequences of that evaluation."""
     import copy
-    import train as train_module
+    from lab import connection
     from test_walk import naive_diagnostics
-    geometry = train_module.walk_geometry
+    geometry = connection.walk_geometry
     seen = []
-    monkeypatch.setattr(train_module, 'walk_geometry', lambda model, idx: (seen.append((copy.deepcopy(model), idx)),
+    monkeypatch.setattr(connection, 'walk_geometry', lambda model, idx: (seen.append((copy.deepcopy(model), idx)),
                                                                            geometry(model, idx))[1])
     out = tmp_path / 'out'
     train_in_process(monkeypatch, tiny_data_root, out, '--operator=corridor', '--init_spread=0.3', '--block_size=8',
@@ -515,7 +515,7 @@ def test_a_save_on_a_full_disk_stops_in_one_line_and_lets_go_of_the_run_folder(t
         before = (out / 'ckpt.pt').read_bytes()
     disk_with_room(monkeypatch, 5000, filling=lambda path: path.endswith('.pt.tmp'))  # fills part-way through
     args = fresh if first_save else ['--init_from=resume', f'--out_dir={out}']
-    with pytest.raises(train_module.TrainingStopped) as stopped:
+    with pytest.raises(__import__('run').TrainingStopped) as stopped:
         train_module.main([*args, '--max_iters=20'])
     message = str(stopped.value)
     assert '\n' not in message and f"could not write {out / 'ckpt.pt'}" in message and 'No space left' in message
@@ -601,20 +601,17 @@ def test_a_ddp_rank_whose_peer_was_killed_says_so_in_one_line_naming_the_checkpo
     assert 'FutureWarning' not in stderr
 
 
-@pytest.mark.parametrize('spelling', ['this torch', 'torch before 2.13'])
-def test_ddp_never_syncs_the_fixed_operator_scalars_after_construction(tmp_path, monkeypatch, spelling):
+def test_ddp_never_syncs_the_fixed_operator_scalars_after_construction(tmp_path, monkeypatch):
     """DDP's per-forward buffer broadcast counted (dist._broadcast_coalesced) in a one-process gloo group: none with
-    train.py's setting, in either spelling, while DDP's default broadcasts before every forward (the counter works);
-    and the chosen spelling warns nothing."""
+    train.py's setting, while DDP's default broadcasts before every forward (the counter works); and the setting
+    warns nothing (broadcast_buffers=False is deprecated in torch 2.13)."""
     import warnings
     import torch.distributed as dist
-    import train as train_module
+    import run
     from model import GPT, GPTConfig
     broadcasts, broadcast = [], dist._broadcast_coalesced
     monkeypatch.setattr(dist, '_broadcast_coalesced', lambda *args, **kwargs: (broadcasts.append(1),
                                                                                 broadcast(*args, **kwargs))[1])
-    if spelling != 'this torch':
-        monkeypatch.setattr(train_module, 'NO_BUFFER_SYNC', dict(broadcast_buffers=False))
     dist.init_process_group('gloo', init_method=f'file://{tmp_path / "store"}', rank=0, world_size=1)
     try:
         def steps_broadcast(wrap):
@@ -624,7 +621,7 @@ def test_ddp_never_syncs_the_fixed_operator_scalars_after_construction(tmp_path,
             fixed = {name: b.clone() for name, b in net.named_buffers()}
             assert fixed, "the test needs fixed operator scalars (buffers)"
             with warnings.catch_warnings():
-                warnings.simplefilter('error' if spelling == 'this torch' else 'ignore')
+                warnings.simplefilter('error')
                 model = wrap(net)
             before = len(broadcasts)
             for _ in range(3):
@@ -632,7 +629,7 @@ def test_ddp_never_syncs_the_fixed_operator_scalars_after_construction(tmp_path,
                 model(idx, idx)[1].backward()
             assert all(torch.equal(b, fixed[name]) for name, b in net.named_buffers())
             return len(broadcasts) - before
-        assert steps_broadcast(lambda net: train_module.wrap_ddp(net, 'cpu')) == 0
+        assert steps_broadcast(lambda net: run.wrap_ddp(net, 'cpu')) == 0
         assert steps_broadcast(lambda net: torch.nn.parallel.DistributedDataParallel(net)) == 3
     finally:
         dist.destroy_process_group()
@@ -839,7 +836,7 @@ def test_operator_only_fine_tuning_trains_the_scalars_saves_only_them_and_resume
                                      for n in ('delta', 'gamma')]  # the scalars only: the frozen weights stay out
     # the frozen weights are the source's: the model rebuilt from the checkpoint has them and the trained scalars
     import transformers
-    from common import load_model
+    from sources import load_model
     model, _ = load_model(str(whole))
     source = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
     for name, p in source.named_parameters():
@@ -895,7 +892,7 @@ def tiny_data(data_root, **overrides):
     from types import SimpleNamespace
     from train import Data
     cfg = SimpleNamespace(**{**dict(data_root=str(data_root), dataset='tiny', block_size=32, batch_size=8), **overrides})
-    return Data(cfg, 'cpu'), cfg
+    return Data(cfg.data_root, cfg.dataset, cfg.block_size, cfg.batch_size, 'cpu'), cfg
 
 
 def test_batch_targets_are_the_inputs_shifted_by_one_token(tiny_data_root):
@@ -936,7 +933,7 @@ def record_steps(capsys, data_root, out, *args):
         capsys.readouterr()
         train_in_process(m, data_root, out, *args)
     printed = [float(line.split('loss ')[1].split(',')[0]) for line in capsys.readouterr().out.splitlines()
-               if line.startswith('iter ') and ': loss ' in line]
+               if line.startswith('iter ') and ': batch loss ' in line]
     return grads, batches, printed, lrs
 
 
@@ -1002,14 +999,17 @@ def test_an_attention_run_reads_as_attention_and_ends_naming_its_checkpoint_and_
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     progress = [line for line in lines if line.startswith(('iter ', 'eval '))]
-    assert progress and all(line.endswith(', attention') for line in progress)  # no "corridor 0 % γ̄ +0.000"
-    assert lines[-1].startswith('done: 10 iterations, best val loss ')
-    assert str(out / 'ckpt.pt') in lines[-1] and f'python sample.py --out_dir={out}' in lines[-1]
+    assert progress and not any('γ' in line or '|' in line for line in progress)  # no "0 % of heads, γ̄ +0.000"
+    done = lines.index(next(line for line in lines if line.startswith('done: 10 iterations in ')))
+    assert 'best val loss ' in lines[done] and str(out / 'ckpt.pt') in lines[done]
+    assert lines[done + 1] == f'python sample.py --out_dir={out} --num_samples=3'
     corridor = train(tiny_data_root, tmp_path / 'c', '--operator=corridor', '--gamma_init=-0.5', '--max_iters=2',
                      '--eval_interval=2', '--decay_lr=False', '--log_interval=1')
     assert corridor.returncode == 0, corridor.stderr[-2000:]
     iters = [line for line in corridor.stdout.splitlines() if line.startswith('iter ')]
-    assert iters and all(', corridor: 100% of heads in the corridor, γ̄ -0.' in line for line in iters)
+    # claim (b)'s threshold, labelled, beside any γ < 0; the operator named once, in the header, not on every line
+    assert iters and all(' | γ̄ -0.5' in line and 'heads at −1 < γ < −0.05: 100% (γ < 0: 100%)' in line
+                         and 'corridor' not in line for line in iters)
 
 
 def test_prepare_on_demand_offline_names_the_prepare_command_that_takes_a_local_copy(monkeypatch, tmp_path):
@@ -1017,7 +1017,8 @@ def test_prepare_on_demand_offline_names_the_prepare_command_that_takes_a_local_
     from common import UserError
     from types import SimpleNamespace
     failed = subprocess.CompletedProcess([], 2, '', 'error: could not download https://x/input.txt (no network); '
-                                                    'pass a local copy with --input PATH\n')
+                                                    f'prepare it from a local copy: python prepare.py shakespeare_char '
+                                                    f'--input PATH --data_root={tmp_path}\n')
     monkeypatch.setattr(train_module.subprocess, 'run', lambda *a, **k: failed)
     cfg = SimpleNamespace(dataset='shakespeare_char', data_root=str(tmp_path))
     with pytest.raises(UserError) as e:

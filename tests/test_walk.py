@@ -11,7 +11,9 @@ import torch
 
 from conftest import assert_one_line_error, needs_tokenizer, run_script, synthetic_text
 from model import GPT, GPTConfig
-from common import TextCodec, UserError
+from common import UserError
+from lab import connection
+from lab.connection import TextCodec
 from lab.connection import (WalkLayer, connection_diagnostics, depth_regimes, head_weights, layer_moments,
                         sampled_gram_entries)
 from lab.walk import sample_sequences, source_kind
@@ -82,7 +84,7 @@ def naive_diagnostics(model, idx, drop_sink=False, full_operator=False):
         heads.append([(W_V[h], W_O[h], h) for h in range(len(W_V))])
     c = [block.attn.coefficients() for block in model.transformer.h] if full_operator else None
     edges = [(i, j) for i in range(T) for j in range(i + 1) if not (drop_sink and j == 0)]
-    return naive_reference(model.attention_probs(idx), heads, edges, c)
+    return naive_reference(model.forward_with_probs(idx)[1], heads, edges, c)
 
 
 def assert_matches(fast, naive, rel=1e-9):
@@ -200,8 +202,8 @@ def test_orthogonal_transport_with_equal_head_weights_has_zero_delta_orth():
 def test_identical_adjacent_layers_have_zero_drift(monkeypatch):
     model = tiny_model(n_layer=3, n_head=2, n_embd=8)
     idx = torch.randint(0, 30, (2, 6), generator=torch.Generator().manual_seed(5))
-    probs = model.attention_probs(idx)
-    monkeypatch.setattr(model, 'attention_probs', lambda idx: [probs[0], probs[0].clone(), probs[2]])
+    probs = model.forward_with_probs(idx)[1]
+    monkeypatch.setattr(connection.GPTWalk, 'attention_probs', lambda self, idx: [probs[0], probs[0].clone(), probs[2]])
     drift = connection_diagnostics(model, idx)['drift']
     assert drift[0] == pytest.approx(0, abs=1e-12) and drift[1] > 1e-3
 
@@ -238,7 +240,7 @@ def test_per_edge_gram_sample_follows_its_seed_and_leaves_the_global_rng_alone()
     N, T = idx.shape
     edges = [(i, j) for i in range(T) for j in range(i + 1)]  # flat index: sequence · E + edge, in walk_edges' order
     with torch.no_grad():
-        probs = model.attention_probs(idx)
+        probs = model.forward_with_probs(idx)[1]
     naive = []  # per (sequence, edge): every layer's (mean |diagonal|, mean |off-diagonal|) of G
     for n in range(N):
         for i, j in edges:

@@ -1,0 +1,70 @@
+"""
+The lab's figures: matplotlib set up for files (no display), and the figures that more than one lab tool draws: the
+connection-walk geometry a run logged over training (train.py's walk_interval), which analyze.py draws for a run
+folder too, through this module, when the run has it.
+"""
+
+import matplotlib
+
+matplotlib.use('Agg')  # files only: no display on a server, and no GUI backend to import
+import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
+import torch  # noqa: E402
+
+from common import save_figure as save  # noqa: E402,F401 (the lab's tools save through it)
+
+# what plot_walk_evolution draws from the log's 'walk' entries (train.py's walk_interval): key, axis title
+WALK_PANELS = (('drift', 'drift to the next layer'), ('delta_orth', 'δ_orth'), ('a_eff_fro', '‖A_eff‖_F'),
+               ('gram_ratio', 'Ḡ diagonal / off-diagonal (mean abs)'))
+
+
+def walk_series(log, part, key):
+    """(tokens [E], values [E, layers]) of one logged walk diagnostic over the evaluations that have it;
+    gram_ratio is Ḡ's mean |diagonal| over its mean |off-diagonal|. None when the log has none."""
+    entries = [e for e in log if part in e.get('walk', {})]
+    if not entries:
+        return None
+    if key == 'gram_ratio':
+        values = [[a / b for a, b in zip(e['walk'][part]['gram_diag_mean'], e['walk'][part]['gram_offdiag_mean'])]
+                  for e in entries]
+    else:
+        values = [e['walk'][part][key] for e in entries]
+    return torch.tensor([e['tokens'] for e in entries], dtype=torch.float64), torch.tensor(values, dtype=torch.float64)
+
+
+def plot_walk_evolution(groups, path, title):
+    """groups: {label: [log, ...]} (e.g. a variant's seeds). Every walk diagnostic against tokens seen, one column
+    per layer, the mean γ of the layer's heads in the last row; one colour per group, one thin line per log;
+    the attention part solid, the full operator c_I·I + c_P·P dashed."""
+    n_layer = len(next(iter(groups.values()))[0][-1]['gamma'])
+    rows = len(WALK_PANELS) + 1
+    fig, axes = plt.subplots(rows, n_layer, figsize=(3.1 * n_layer, 2.2 * rows), sharex=True, squeeze=False)
+    for color, (label, logs) in enumerate(groups.items()):
+        for k, log in enumerate(logs):
+            for row, (key, name) in enumerate(WALK_PANELS):
+                for part, style in (('attention', '-'), ('operator', '--')):
+                    series = walk_series(log, part, key)
+                    if series is None:
+                        continue
+                    tokens, values = series
+                    for layer in range(values.shape[1]):
+                        axes[row][layer].plot((tokens / 1e6).tolist(), values[:, layer].tolist(), style, lw=1,
+                                              color=f'C{color}', alpha=0.8,
+                                              label=f'{label}{"" if part == "attention" else " (operator)"}'
+                                              if k == 0 and layer == 0 else None)
+                axes[row][0].set_ylabel(name, fontsize=8)
+            gamma = torch.tensor([e['gamma'] for e in log]).mean(-1)  # [evals, layers]
+            for layer in range(n_layer):
+                axes[-1][layer].plot([e['tokens'] / 1e6 for e in log], gamma[:, layer].tolist(), lw=1,
+                                     color=f'C{color}', alpha=0.8)
+    axes[-1][0].set_ylabel('mean γ of the layer', fontsize=8)
+    for layer in range(n_layer):
+        axes[0][layer].set_title(f'layer {layer}', fontsize=9)
+        axes[-1][layer].set_xlabel('tokens seen (millions)')
+        axes[-1][layer].axhline(0, color='black', lw=0.6)
+    axes[0][-1].text(0.5, 0.5, 'the last layer\nhas no next layer', ha='center', va='center', fontsize=8,
+                     transform=axes[0][-1].transAxes)
+    axes[0][-1].set_yticks([])
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(f'{title}: connection-walk geometry during training (solid: attention part, dashed: full operator)',
+                 fontsize=10)
+    return save(fig, path)

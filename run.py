@@ -1,0 +1,354 @@
+"""
+What train.py's loop stands on, one call each: the processes of a run (DDP under torchrun, and the faults that end
+it in one line), its folder (a lock, config.json, log.jsonl brought to the checkpoint), its checkpoint (everything an
+exact resume needs), its stop requests (Ctrl-C, SIGTERM) and the speed and ETA of its log lines.
+"""
+
+import ast
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from common import UserError, WriteFailed, atomic_write, describe_os_error
+from model import OPERATOR_KEYS, in_corridor
+from sources import checkpoint_progress
+
+
+class TrainingStopped(UserError):
+    """The run can't go on (a non-finite loss, a file it can't write, a DDP process gone); the last good checkpoint
+    is untouched."""
+
+
+# ---------------------------------------------------------------------------------------------- processes
+
+@contextmanager
+def processes(cfg):
+    """(ddp, rank, world, device) of this process: one, or each of torchrun's, its DDP group joined and, when the run
+    ends, left by every process together. A failed write (a full disk: the atomic writes left the old files whole)
+    or a lost DDP process ends the run in one line that names what survives and how to continue."""
+    device, cuda = cfg.device, cfg.device.startswith('cuda')
+    if cuda and not torch.cuda.is_available():
+        raise UserError(f"device={device!r} but CUDA is not available here (use --device=cpu)")
+    ddp, rank, world = int(os.environ.get('RANK', -1)) != -1, 0, 1  # RANK: launched by torchrun
+    if ddp:
+        if cuda:  # one GPU per process, chosen before the process group binds to it
+            device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+            torch.cuda.set_device(device)
+        backend = cfg.backend if cfg.backend != 'auto' else ('nccl' if cuda else 'gloo')
+        dist.init_process_group(backend=backend, device_id=torch.device(device) if cuda else None)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if cfg.gradient_accumulation_steps % world:
+            raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be divisible by "
+                            f"the {world} DDP processes")
+    try:
+        yield ddp, rank, world, device
+    except WriteFailed as e:
+        raise TrainingStopped(f"could not write {e.path} ({e.reason}); {resume_advice(cfg, world)}") from None
+    except Exception as e:
+        if not (ddp and lost_a_process(e)):
+            raise
+        raise TrainingStopped(f"rank {rank} of {world} lost another process of the run ({first_sentence(e)}); "
+                              f"{resume_advice(cfg, world)}") from None
+    if ddp:  # without the barrier, rank 1 once aborted at exit (gloo's threads) while rank 0 was still saving
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def wrap_ddp(model, device):
+    # The only buffers are the fixed operator scalars, equal on every rank from the start (one seed): DDP need not
+    # broadcast them before every forward (forward_sync_buffers=False broadcasts them once, at construction)
+    return DDP(model, device_ids=[torch.device(device).index] if device.startswith('cuda') else None,
+               forward_sync_buffers=False)
+
+
+def lost_a_process(e):
+    """Whether e is a collective failing because another process of the run is gone (killed, crashed): torch's
+    DistError family (NCCL), or gloo's 'Connection closed by peer' / 'reset by peer'."""
+    return isinstance(e, dist.DistError) or isinstance(e, RuntimeError) and any(s in str(e) for s in (
+        'by peer', 'Broken pipe', 'remote worker', 'Socket Timeout', 'Connection refused'))
+
+
+def first_sentence(e):
+    """'Read error [127.0.0.1]:49824: Connection reset by peer' from gloo's multi-line message with its source
+    location in front."""
+    text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if text.startswith('[') and '] ' in text:
+        text = text.split('] ', 1)[1]
+    return text.split('. ')[0].rstrip('.')
+
+
+def resume_advice(cfg, world):
+    """What survives in the run folder and the command that continues from it, with the settings this run changed
+    from the checkpoint's (a resume with a new --max_iters that fails before its first save)."""
+    ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
+    iter_num, saved = checkpoint_progress(ckpt_path)
+    if iter_num is None:
+        return "no checkpoint was saved yet: start the run again"
+    script = sys.argv[0] if sys.argv[0].endswith('train.py') else 'train.py'
+    launch = f"torchrun --standalone --nproc_per_node={world} {script}" if world > 1 else f"python {script}"
+    changed = [shlex.quote(f"--{key}={config_text(value)}") for key, value in vars(cfg).items()
+               if key not in ('init_from', 'out_dir', 'overwrite') and saved.get(key, value) != value]
+    return f"{ckpt_path} from iter {iter_num} is intact: continue with `{launch} " + \
+        ' '.join(['--init_from=resume', f"--out_dir={shlex.quote(cfg.out_dir)}", *changed]) + '`'
+
+
+def config_text(value):
+    """value as --key=value spells it: bare strings unless they would read as another type."""
+    if not isinstance(value, str):
+        return repr(value)
+    try:
+        ast.literal_eval(value)
+        return repr(value)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return value
+
+
+# ---------------------------------------------------------------------------------------------- the run folder
+
+def open_run_folder(cfg, defaults, resumed, iter_num, held):
+    """Rank 0's run folder: locked for this run (held until it ends), log.jsonl brought to the checkpoint's iteration
+    (lines a crash left past it are written again) or, for a fresh run, an old run's checkpoints removed;
+    config.json written and named in one line with the keys that differ from train.py's defaults. Returns wandb
+    when wandb_log is on, else None. Called after every check of the run's input: bad input overwrites nothing."""
+    ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
+    if not resumed and os.path.exists(ckpt_path) and not cfg.overwrite:
+        raise UserError(f"{ckpt_path} exists: continue it with --init_from=resume, pick another --out_dir, or pass "
+                        f"--overwrite=True to start over")
+    held.enter_context(claim_run_folder(cfg.out_dir))
+    log_path, kept = os.path.join(cfg.out_dir, 'log.jsonl'), []
+    if resumed:
+        for line in open(log_path) if os.path.exists(log_path) else []:
+            try:
+                if json.loads(line)['iter'] <= iter_num:
+                    kept.append(line)
+            except (json.JSONDecodeError, KeyError):
+                pass  # a line torn by a crash
+    else:  # a fresh run (maybe --overwrite): an old checkpoint, log or snapshots would mix two runs
+        for name in os.listdir(cfg.out_dir):
+            if name.startswith('ckpt') and name.endswith('.pt'):
+                os.remove(os.path.join(cfg.out_dir, name))
+    with atomic_write(log_path) as f:
+        f.writelines(kept)
+    with atomic_write(os.path.join(cfg.out_dir, 'config.json')) as f:
+        json.dump(vars(cfg), f, indent=1)
+    changed = ' '.join(f"{k}={config_text(v)}" for k, v in vars(cfg).items() if defaults.get(k) != v)
+    print(f"config: {os.path.join(cfg.out_dir, 'config.json')} (every key); changed from train.py's defaults: "
+          f"{changed or 'none'}")
+    if not cfg.wandb_log:
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise UserError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)") from None
+    wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg), dir=cfg.out_dir,
+               resume='allow' if resumed else None)
+    return wandb
+
+
+def claim_run_folder(out_dir):
+    """Hold an exclusive lock on out_dir until the returned file is closed, or fail in one line: two runs in one
+    folder would interleave log.jsonl and race for ckpt.pt. The OS drops the lock when the process dies (even by
+    kill -9), so a crashed run never leaves the folder locked."""
+    path = os.path.join(out_dir, 'train.lock')
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        handle = open(path, 'a+')
+    except OSError as e:  # a folder we may not write in
+        raise WriteFailed(path, describe_os_error(e)) from None
+    try:
+        import fcntl
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:  # no fcntl (Windows): no lock
+        return handle
+    except OSError:
+        handle.seek(0)
+        owner = handle.read().strip() or 'another process'
+        raise UserError(f"{out_dir} is in use by a run that is still training ({owner}): wait for it to finish, "
+                        f"stop it, or pick another --out_dir") from None
+    try:
+        handle.truncate(0)
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+    except OSError:
+        pass  # the pid only names the owner in the message above: a full disk is reported where it matters
+    return handle
+
+
+def wandb_metrics(entry):
+    """A log.jsonl entry as flat wandb metrics: losses, lr, tokens, corridor occupancy, every head's γ/δ/c_I/c_P,
+    the walk geometry."""
+    metrics = {'train/loss': entry['train_loss'], 'val/loss': entry['val_loss'], 'val/best': entry['best_val_loss'],
+               'lr': entry['lr'], 'tokens': entry['tokens'],
+               'corridor/occupancy': in_corridor(torch.tensor(entry['gamma'])).float().mean().item()}
+    for key in ('gamma', 'delta', 'c_I', 'c_P'):
+        for layer, heads in enumerate(entry[key]):
+            metrics.update({f'{key}/L{layer}H{head}': value for head, value in enumerate(heads)})
+    for part, diagnostics in entry.get('walk', {}).items():
+        for key, values in diagnostics.items():
+            metrics.update({f'walk_{part}/{key}/L{layer}': value for layer, value in enumerate(values)})
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------------- the checkpoint
+
+def checkpoint_state(model, optimizer, scaler, cfg, meta, progress, data_rng, device):
+    """Everything a resumed run needs to continue exactly: weights, optimizer moments, config, progress, RNGs."""
+    return dict(model=saved_weights(model, cfg.train_only), weights=cfg.train_only, optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
+                model_args=asdict(model.config), config=vars(cfg), **progress, source=model.source,
+                meta={k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos', 'tokenizer_source',
+                                           'tokenizer_fingerprint') if k in meta},
+                rng=dict(torch=torch.get_rng_state(), data=data_rng.get_state(),
+                         cuda=torch.cuda.get_rng_state(device) if device.startswith('cuda') else None))
+
+
+def saved_weights(model, train_only):
+    """The model's state dict, or with train_only='operator' its operator scalars only (2 kB instead of SmolLM2-135M's
+    540 MB: the frozen weights are the source's, which the checkpoint names)."""
+    state = model.state_dict()
+    return {k: v for k, v in state.items() if '.coefficients.' in k} if train_only == 'operator' else state
+
+
+def restore_state(ckpt, optimizer, scaler, data_rng, cfg, device, rank):
+    """checkpoint_state's inverse for a resumed run: optimizer moments, grad scaler, RNGs; returns the progress.
+    The optimizer keeps the hyperparameters configured now, not the checkpoint's."""
+    fresh = [dict(g) for g in optimizer.param_groups]
+    optimizer.load_state_dict(ckpt['optimizer'])  # restores the moments, and the old hyperparameters too:
+    for group, new in zip(optimizer.param_groups, fresh):  # a resumed run uses the ones configured now
+        group.update({k: new[k] for k in ('weight_decay', 'betas', 'lr_mult')})
+    if ckpt['scaler']:  # empty from a float32 or bf16 run: a float16 resume starts a fresh scaler
+        scaler.load_state_dict(ckpt['scaler'])
+    progress = {k: ckpt[k] for k in ('iter_num', 'tokens_seen', 'best_val_loss')}
+    progress['seconds'] = ckpt.get('seconds', 0.0)
+    torch.set_rng_state(ckpt['rng']['torch'])
+    if device.startswith('cuda') and ckpt['rng']['cuda'] is not None:
+        torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
+    if rank > 0:  # only rank 0's RNG state is saved; the others reseed so their dropout masks stay distinct
+        torch.manual_seed(cfg.seed + rank + 7919 * progress['iter_num'])  # (a DDP resume with dropout: not exact)
+    data_rng.set_state(ckpt['rng']['data'])
+    return progress
+
+
+# ---------------------------------------------------------------------------------------------- stops and speed
+
+class StopRequest:
+    """Ctrl-C / SIGTERM: finish this iteration, save, stop; a second signal aborts. The handler only records the
+    signal; the loop decides when to stop, so that under DDP every process stops at the same iteration."""
+
+    def __init__(self, master):
+        self.seen, self.master, self.signum = False, master, None
+        signal.signal(signal.SIGINT, self.handle)
+        signal.signal(signal.SIGTERM, self.handle)
+
+    def handle(self, signum, frame):
+        if self.seen:
+            raise KeyboardInterrupt
+        self.seen, self.signum = True, signum
+        if self.master:
+            tqdm.write("stopping after this iteration and saving a checkpoint (again to abort now)")
+
+    def exit_status(self):  # 128 + the signal's number, as a shell reports a process a signal ended
+        return 128 + (self.signum or signal.SIGTERM)  # (another DDP process may have seen the signal)
+
+
+def synchronized_time(device):
+    if device.startswith('cuda'):
+        torch.cuda.synchronize(device)
+    return time.time()
+
+
+class LogWindow:
+    """The training steps since the last log line: their summed loss, kept on the device and read only at a log
+    line (so the host never waits for the device in between), and their wall time, which leaves out the first,
+    compiling step and every evaluation; and the sitting's pace since that first step, evaluations included, for
+    the ETA."""
+
+    def __init__(self, device, max_iters, flops_per_iter, tokens_per_iter, world, peak):
+        self.device, self.max_iters, self.world, self.peak = device, max_iters, world, peak
+        self.flops_per_iter, self.tokens_per_iter = flops_per_iter, tokens_per_iter
+        self.since, self.last_step_end = None, time.time()
+        self.reset()
+
+    def reset(self):
+        self.loss, self.iters, self.timed, self.t0 = torch.zeros((), device=self.device), 0, 0, time.time()
+
+    def restart_clock(self):
+        self.t0, self.timed = time.time(), 0
+
+    def step_done(self, iter_num):
+        """Count a finished step; returns the wall seconds since the previous one ended (evaluations included)."""
+        self.iters += 1
+        if self.since is None:  # the first step of the sitting compiles: the clocks start after it
+            self.t0, self.timed = synchronized_time(self.device), 0
+            self.since = (self.t0, iter_num)
+        else:
+            self.timed += 1
+        now = time.time()
+        elapsed, self.last_step_end = now - self.last_step_end, now
+        return elapsed
+
+    def meet(self, stop_seen, ddp):
+        """(the window's mean loss over every process, whether any process was asked to stop): one all-reduce."""
+        shared = torch.stack([self.loss.float(), torch.tensor(float(stop_seen), device=self.device)])
+        if ddp:
+            dist.all_reduce(shared, op=dist.ReduceOp.SUM)
+        return shared[0].item() / self.world / self.iters, shared[1].item() > 0
+
+    def speed(self, iter_num):
+        """', N tok/s, mfu M%, T ms/iter, ETA E' ('' before any timed step). MFU per device: each process computes
+        1/world of the tokens against one device's peak. The ETA: the iterations left at the sitting's pace."""
+        if not self.timed:
+            return ''
+        now = time.time()
+        dt = (now - self.t0) / self.timed
+        mfu = self.flops_per_iter / dt / self.world / self.peak if self.peak else None
+        pace = (now - self.since[0]) / max(1, iter_num - self.since[1])
+        return f", {self.tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {mfu:.1%}" if mfu else '') + \
+            f", {dt * 1000:.0f} ms/iter, ETA {duration((self.max_iters - iter_num) * pace)}"
+
+
+def duration(seconds):
+    """'45s', '4m05s', '2h10m'."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds < 3600 else f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
+
+
+def finish(cfg, rank, world, stopped, save, wandb, progress, resumed, started):
+    """The end of the loop: wandb closed; a stopped run saved and its resume command named (exit 128 + the signal),
+    a finished one named with its checkpoint, log and the next commands (exit 0)."""
+    if wandb:
+        wandb.finish()
+    if rank == 0 and stopped:
+        save(os.path.join(cfg.out_dir, 'ckpt.pt'))
+        tqdm.write(f"stopped at iter {progress['iter_num']}; {resume_advice(cfg, world)}")  # torchrun's under DDP
+    elif rank == 0:
+        print(f"done: {progress['iter_num']} iterations in {duration(time.time() - started)}, best val loss "
+              f"{progress['best_val_loss']:.4f}; {os.path.join(cfg.out_dir, 'ckpt.pt')}, log "
+              f"{os.path.join(cfg.out_dir, 'log.jsonl')}. Next:\n" + '\n'.join(next_commands(cfg, resumed)))
+    return stopped.exit_status() if stopped else 0
+
+
+def next_commands(cfg, resumed):
+    """What to run after a finished run, as the README's quick start lists them: a sample, the same run with the
+    other of attention and corridor (not after a resume: its command line lacks the config), and the comparison."""
+    out = shlex.quote(cfg.out_dir)
+    commands = [f"python sample.py --out_dir={out} --num_samples=3"]
+    if not resumed:
+        other = 'corridor' if cfg.operator == 'attention' else 'attention'
+        other_dir = shlex.quote(f"{cfg.out_dir.rstrip('/')}-{other}")
+        kept = [shlex.quote(a) for a in sys.argv[1:]
+                if a.partition('=')[0].removeprefix('--') not in (*OPERATOR_KEYS, 'out_dir', 'overwrite')]
+        commands += [' '.join(['python train.py', *kept, f"--operator={other}", f"--out_dir={other_dir}"]),
+                     f"python analyze.py {out} {other_dir} --out comparison"]
+    return commands
