@@ -143,25 +143,30 @@ def plot_loss_comparison(curves, path, title):
     """curves: {label: (tokens, losses)}, the first the reference: the curves overlaid, and below each other run's
     difference from the reference at the evaluations they share (the number a comparison is about), with what one
     run per variant can and cannot say."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 5.6), sharex=True, height_ratios=(3, 2))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 6), sharex=True, height_ratios=(3, 2))
     (ref_label, (ref_tokens, ref_losses)), *others = curves.items()
     reference = dict(zip(ref_tokens, ref_losses))
     for k, (label, (tokens, losses)) in enumerate(curves.items()):
-        top.plot([t / 1e6 for t in tokens], losses, marker='.', color=f'C{k}', label=label)
+        # a style and marker per run, not colour alone: the reference thick and solid, under the others' thin dashes
+        style = dict(ls='-', marker='o', lw=2.6, ms=5, mfc='none') if k == 0 else \
+            dict(ls=('--', ':', '-.')[(k - 1) % 3], marker='s^vD<>'[(k - 1) % 6], lw=1.4, ms=4, zorder=3)
+        every = max(1, len(tokens) // 15)
+        top.plot([t / 1e6 for t in tokens], losses, color=f'C{k}', label=label, markevery=every, **style)
         if k:
             shared = [(t, loss - reference[t]) for t, loss in zip(tokens, losses) if t in reference]
-            bottom.plot([t / 1e6 for t, _ in shared], [d for _, d in shared], marker='.', color=f'C{k}',
-                        label=f'{label} − {ref_label}' + (f': {shared[-1][1]:+.4f} at the end' if shared else ''))
+            bottom.plot([t / 1e6 for t, _ in shared], [d for _, d in shared], color=f'C{k}', markevery=every,
+                        label=f'{label} − {ref_label}' + (f': {shared[-1][1]:+.4f} at the end' if shared else '')
+                        + f'\n(< 0: {label} lower)', **style)
     bottom.axhline(0, color='black', lw=0.7)
     top.set_ylabel('loss (nats per token)')
     top.set_title(title)
     top.legend(fontsize=8)
-    bottom.set_ylabel('difference')
+    bottom.set_ylabel('run − reference (nats)')
     bottom.set_xlabel('tokens seen (millions)')
-    bottom.legend(fontsize=7)
-    bottom.text(0.01, 0.02, 'one run each: a difference is evidence only against the seed-to-seed spread;\n'
-                'train several seeds (python -m lab.sweep) before reading a sign into it', transform=bottom.transAxes,
-                fontsize=7, va='bottom', color='0.3')
+    bottom.legend(fontsize=7, loc='upper center', bbox_to_anchor=(0.5, -0.32))  # below the panel: on no point
+    # a caption under the axes, never over a curve (tight_layout leaves room for a figure's supxlabel)
+    fig.supxlabel('one run each: a difference is evidence only against the seed-to-seed spread;\n'
+                  'train several seeds (python -m lab.sweep) before reading a sign into it', fontsize=7, color='0.3')
     return save(fig, path)
 
 

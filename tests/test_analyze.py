@@ -1,6 +1,7 @@
 """analyze.py: exact occupancy from known γ/δ, every plot written, one-line errors."""
 
 import json
+import os
 from dataclasses import asdict
 
 import pytest
@@ -143,3 +144,41 @@ def test_a_run_with_walk_geometry_gets_its_plot_and_the_series_read_back_exactly
     assert ratio[-1].tolist() == pytest.approx([a / b for a, b in zip(last['gram_diag_mean'], last['gram_offdiag_mean'])])
     assert walk_series(log, 'operator', 'drift')[1].shape == (len(log), 1)  # 2 layers: one drift
     assert walk_series([{k: v for k, v in e.items() if k != 'walk'} for e in log], 'attention', 'drift') is None
+
+
+# ------------------------------------------------------------------ what the figures say, read from matplotlib objects
+
+@pytest.fixture
+def figures(monkeypatch):
+    """{path: Figure} of every figure analyze draws, laid out as save lays it out but never written."""
+    drawn = {}
+
+    def capture(fig, path, rect=(0, 0, 1, 1)):
+        fig.tight_layout(rect=rect)
+        drawn[os.path.normpath(path)] = fig
+        return path
+    monkeypatch.setattr(analyze, 'save', capture)
+    yield drawn
+    for fig in drawn.values():
+        analyze.plt.close(fig)
+
+
+def legend_texts(legend):
+    return [t.get_text() for t in legend.get_texts()]
+
+
+def test_val_loss_curves_differ_by_style_the_difference_says_its_sign_and_the_caveat_is_off_the_data(figures):
+    tokens = [0, 100, 200, 300]
+    analyze.plot_loss_comparison({'attention': (tokens, [4.0, 3.0, 2.5, 2.2]),
+                                  'corridor': (tokens, [4.0, 3.0, 2.5, 2.19])}, 'val_loss.png', 'validation loss')
+    fig = figures['val_loss.png']
+    top, bottom = fig.axes
+    styles = [(line.get_linestyle(), line.get_marker()) for line in top.get_lines()]
+    assert len(styles) == 2 and styles[0][0] != styles[1][0] and styles[0][1] != styles[1][1]  # not colour alone
+    assert '−' in bottom.get_ylabel() and 'reference' in bottom.get_ylabel()
+    assert any('< 0: corridor lower' in t for t in legend_texts(bottom.get_legend()))
+    fig.canvas.draw()
+    caveat = [t for t in fig.findobj(analyze.matplotlib.text.Text) if 'seed-to-seed' in t.get_text()]
+    assert len(caveat) == 1 and caveat[0].get_transform() is not bottom.transAxes
+    box = caveat[0].get_window_extent()
+    assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes)  # under the axes, on no curve
