@@ -20,6 +20,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 
 import matplotlib
 
@@ -57,15 +58,19 @@ def save(fig, path):
     return path
 
 
-def plot_occupancy(reports, path):
-    """reports: {label: occupancy report}: grouped bars, one group per layer."""
+def plot_occupancy(reports, path, attention=()):
+    """reports: {label: occupancy report}: grouped bars, one group per layer. attention: labels of plain attention
+    runs compared with them, which have no scalars: each a slot of its own, an x at 0 % (every head at γ = 0)."""
     n_layer = len(next(iter(reports.values()))['layers'])
-    fig, ax = plt.subplots(figsize=(min(16, max(5, 1.2 * n_layer)) + 1.6, 3.6))
-    width = 0.8 / len(reports)
+    fig, ax = plt.subplots(figsize=(min(16, max(5, 1.2 * n_layer)) + 2.4, 3.6))
+    slots, layers = len(reports) + len(attention), range(n_layer)
+    width = 0.8 / slots
     for k, (label, report) in enumerate(reports.items()):
-        layers = [r['layer'] for r in report['layers']]
-        ax.bar([x + (k - (len(reports) - 1) / 2) * width for x in layers], [r['occupancy'] for r in report['layers']],
-               width, label=label)
+        ax.bar([r['layer'] + (k - (slots - 1) / 2) * width for r in report['layers']],
+               [r['occupancy'] for r in report['layers']], width, label=label, color=f'C{k}')
+    for k, label in enumerate(attention, len(reports)):  # a zero-height bar would not show: a marker at 0 does
+        ax.plot([x + (k - (slots - 1) / 2) * width for x in layers], [0] * n_layer, 'x', ms=8, mew=2, color='black',
+                clip_on=False, label=f'{label}:\n0 % by construction (γ = 0)')
     ax.set_ylim(0, 1.05)
     ax.set_xticks(layers)
     ax.set_xlabel('layer')
@@ -75,25 +80,33 @@ def plot_occupancy(reports, path):
     return save(fig, path)
 
 
-def plot_gamma_delta(runs, path):
-    """runs: {label: (γ, δ)}: every head in the (γ, δ) plane, the corridor shaded, coloured by layer."""
+def plot_gamma_delta(runs, path, attention=()):
+    """runs: {label: (γ, δ)}: every head in the (γ, δ) plane, the corridor shaded between its edges, coloured by
+    layer, plain attention's one point (0, 1) marked in every panel. attention: labels of attention runs compared
+    with them (no scalars: every head sits on that point), named in the title."""
     fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.8), squeeze=False)
     for ax, (label, (gamma, delta)) in zip(axes[0], runs.items()):
         ax.axvspan(-1, 0, color='tab:green', alpha=0.12, label='corridor −1 < γ < 0')
+        for edge in (-1, 0):  # both edges drawn, so the lower one shows even where no head comes near it
+            ax.axvline(edge, color='tab:green', lw=1)
         colors = plt.cm.viridis([i / max(1, len(gamma) - 1) for i in range(len(gamma))])
         for layer, (g, d) in enumerate(zip(gamma, delta)):
-            ax.scatter(g.tolist(), d.tolist(), color=colors[layer], s=22, label=f'layer {layer}')
-        lo, hi = min(-1.1, gamma.min().item() - 0.1), max(0.3, gamma.max().item() + 0.1)
-        ax.set_xlim(lo, hi)
+            ax.scatter(g.tolist(), d.tolist(), color=colors[layer], s=22,
+                       label=f'layer {layer}' if len(gamma) <= 8 else None)
+        ax.scatter([0], [1], marker='*', s=260, facecolor='none', edgecolor='tab:red', linewidth=1.6, zorder=3,
+                   label='attention (γ = 0, δ = 1)')  # hollow: heads that stay near attention show through
+        ax.set_xlim(min(-1, gamma.min().item()) - 0.15, max(0.15, gamma.max().item() + 0.15))
         ax.set_xlabel('γ = c_I / c_P')
         ax.set_ylabel('δ = c_P')
         ax.set_title(label, fontsize=10)
-        if len(gamma) <= 8:
-            ax.legend(fontsize=7, loc='best')
-        else:  # a pretrained model's 30 layers: a colour scale, not 30 legend entries
+        ax.legend(fontsize=7, loc='best')
+        if len(gamma) > 8:  # a pretrained model's 30 layers: a colour scale, not 30 legend entries
             scale = plt.cm.ScalarMappable(cmap='viridis', norm=plt.Normalize(0, len(gamma) - 1))
             fig.colorbar(scale, ax=ax, label='layer')
-    fig.suptitle('Every head in the (γ, δ) plane', fontsize=11)
+    labels = ', '.join(a.replace(' ', '\u00a0') for a in attention)  # no-break spaces: each label wrapped whole
+    named = textwrap.fill(f'attention, every head at ☆ (0, 1): {labels}', int(13 * fig.get_figwidth()),
+                          break_on_hyphens=False)
+    fig.suptitle('Every head in the (γ, δ) plane' + (f'\n{named}' if attention else ''), fontsize=10)
     return save(fig, path)
 
 
@@ -274,10 +287,12 @@ def compare_runs(runs, reports, out):
     """Several runs: plots across runs and a summary of final losses."""
     os.makedirs(out, exist_ok=True)
     with_scalars = [r for r in runs if r['config']['operator'] != 'attention']
+    attention = [label(r) for r in runs if r['config']['operator'] == 'attention']  # named in the figures, not drawn
     if with_scalars:
-        plot_occupancy({label(r): reports[r['name']] for r in with_scalars}, os.path.join(out, 'occupancy.png'))
+        plot_occupancy({label(r): reports[r['name']] for r in with_scalars}, os.path.join(out, 'occupancy.png'),
+                       attention=attention)
         plot_gamma_delta({label(r): (r['gamma'], r['delta']) for r in with_scalars},
-                         os.path.join(out, 'gamma_delta.png'))
+                         os.path.join(out, 'gamma_delta.png'), attention=attention)
     logged = [r for r in runs if r['log']]
     if len(logged) > 1:  # the first run is the reference the others are compared with
         plot_loss_comparison({label(r): ([e['tokens'] for e in r['log']], [e['val_loss'] for e in r['log']])

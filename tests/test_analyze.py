@@ -86,19 +86,24 @@ def test_every_plot_is_written_for_one_run_and_for_several(tmp_path):
     assert 'One run per variant' in summary
 
 
-def test_an_attention_run_gets_no_empty_corridor_plots_and_its_comparison_shows_the_difference(tmp_path):
-    corridor = fake_run(tmp_path / 'corridor')
-    attention = tmp_path / 'baseline'
-    attention.mkdir()
+def fake_attention_run(folder):
+    """A plain attention run folder (3 layers of 4 heads, like fake_run's) whose val loss falls 2.0 -> 1.5."""
+    folder.mkdir()
     config = GPTConfig(block_size=8, vocab_size=5, n_layer=3, n_head=4, n_embd=8, operator='attention')
     save_checkpoint(dict(model=GPT(config).state_dict(), model_args=asdict(config), iter_num=100, best_val_loss=1.0,
                          config=dict(operator='attention', max_iters=100),
-                         meta=dict(tokenizer='char', vocab_size=5, itos=list('abcde'))), attention / 'ckpt.pt')
-    with open(attention / 'log.jsonl', 'w') as f:
+                         meta=dict(tokenizer='char', vocab_size=5, itos=list('abcde'))), folder / 'ckpt.pt')
+    with open(folder / 'log.jsonl', 'w') as f:
         for it in (0, 50, 100):
             zeros, ones = [[0.0] * 4] * 3, [[1.0] * 4] * 3
             f.write(json.dumps(dict(iter=it, tokens=it * 64, train_loss=2.0, val_loss=2.0 - it / 200, gamma=zeros,
                                     delta=ones, c_I=zeros, c_P=ones)) + '\n')
+    return folder
+
+
+def test_an_attention_run_gets_no_empty_corridor_plots_and_its_comparison_shows_the_difference(tmp_path):
+    corridor = fake_run(tmp_path / 'corridor')
+    attention = fake_attention_run(tmp_path / 'baseline')
     analyze.main([str(attention), str(corridor), '--out', str(tmp_path / 'cmp')])
     names = {p.name for p in (tmp_path / 'cmp' / 'baseline').iterdir()}
     assert names == {'corridor.json', 'summary.md', 'loss.png'}  # no flat γ/δ panels, no zero-height bars
@@ -182,3 +187,22 @@ def test_val_loss_curves_differ_by_style_the_difference_says_its_sign_and_the_ca
     assert len(caveat) == 1 and caveat[0].get_transform() is not bottom.transAxes
     box = caveat[0].get_window_extent()
     assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes)  # under the axes, on no curve
+
+
+def test_the_comparison_figures_mark_and_name_attention_and_show_the_corridors_lower_edge(tmp_path, figures):
+    corridor, attention = fake_run(tmp_path / 'corridor'), fake_attention_run(tmp_path / 'baseline')
+    analyze.main([str(corridor), str(attention), '--out', str(tmp_path / 'cmp')])
+    fig = figures[str(tmp_path / 'cmp' / 'gamma_delta.png')]
+    assert 'baseline (attention)' in fig._suptitle.get_text().replace('\u00a0', ' ')  # a label never wrapped
+    for ax in fig.axes:
+        points = {c.get_label(): c.get_offsets().tolist() for c in ax.collections}
+        assert points['attention (γ = 0, δ = 1)'] == [[0.0, 1.0]]
+        assert [-1, -1] in [list(line.get_xdata()) for line in ax.get_lines()]  # the corridor's lower edge
+        low, high = ax.get_xlim()
+        assert low < -1.05 and high > 0.05
+    (ax,) = figures[str(tmp_path / 'cmp' / 'occupancy.png')].axes
+    assert any(t.startswith('baseline (attention)') and '0 %' in t for t in legend_texts(ax.get_legend()))
+    # one corridor run alone: the attention point is still there, no attention run named
+    fig = figures[str(tmp_path / 'cmp' / 'corridor' / 'gamma_delta.png')]
+    assert 'attention' not in fig._suptitle.get_text()
+    assert 'attention (γ = 0, δ = 1)' in legend_texts(fig.axes[0].get_legend())
