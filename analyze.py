@@ -48,8 +48,8 @@ def layer_table(report):
 # ---------------------------------------------------------------------------------------------- figures
 # the lab's tools draw with these too (`from analyze import plt, save`): one matplotlib setup for the repo
 
-def save(fig, path):
-    fig.tight_layout()
+def save(fig, path, rect=(0, 0, 1, 1)):
+    fig.tight_layout(rect=rect)  # rect: room left for what tight_layout does not place itself (a figure legend)
     try:
         with atomic_write(path, 'wb') as f:  # the format from the real name, not from path.tmp
             fig.savefig(f, dpi=110, format=os.path.splitext(path)[1][1:] or 'png')
@@ -112,32 +112,41 @@ def plot_gamma_delta(runs, path, attention=()):
 
 def plot_evolution(log, path, title):
     """γ (upper row) and δ (lower row) of every head against tokens seen, one column per layer, at most six columns
-    (a 30-layer model wraps into five pairs of rows). γ's axis spans the heads' values and 0, the corridor shaded."""
+    (a 30-layer model wraps into five pairs of rows). γ's axis spans the heads' values and the whole corridor
+    [−1, 0], edges drawn; head k has colour k in every panel, named in one legend under the figure."""
     tokens = [e['tokens'] / 1e6 for e in log]
     gamma = torch.tensor([e['gamma'] for e in log])  # [evals, layers, heads]
     delta = torch.tensor([e['delta'] for e in log])
-    n_layer = gamma.shape[1]
+    n_layer, n_head = gamma.shape[1:]
     columns = min(n_layer, 6)
     pairs = math.ceil(n_layer / columns)
-    fig, axes = plt.subplots(2 * pairs, columns, figsize=(3.2 * columns, 2.7 * 2 * pairs), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(2 * pairs, columns, figsize=(3.2 * columns, 2.7 * 2 * pairs), sharex=True, squeeze=False,
+                             height_ratios=[3, 2] * pairs)  # γ's row taller: its axis spans the whole corridor
     for layer in range(n_layer):
         top, bottom = axes[2 * (layer // columns)][layer % columns], axes[2 * (layer // columns) + 1][layer % columns]
-        for head in range(gamma.shape[2]):
-            top.plot(tokens, gamma[:, layer, head].tolist(), lw=1.2)
-            bottom.plot(tokens, delta[:, layer, head].tolist(), lw=1.2)
-        low, high = min(gamma[:, layer].min().item(), 0.0), max(gamma[:, layer].max().item(), 0.0)
-        margin = max(0.1 * (high - low), 1e-3)
+        for head in range(n_head):
+            top.plot(tokens, gamma[:, layer, head].tolist(), lw=1.4, color=f'C{head % 10}', label=f'head {head}')
+            bottom.plot(tokens, delta[:, layer, head].tolist(), lw=1.4, color=f'C{head % 10}')
+        low, high = min(gamma[:, layer].min().item(), -1.0), max(gamma[:, layer].max().item(), 0.0)
+        margin = 0.06 * (high - low)
         top.set_ylim(low - margin, high + margin)
         top.axhspan(-1, 0, color='tab:green', alpha=0.12)
-        top.set_title(f'layer {layer}', fontsize=10)
+        for edge in (-1, 0):
+            top.axhline(edge, color='tab:green', lw=1, zorder=1)  # under the heads, which start on γ = 0
+        # heads that stay near 0 are a few pixels on an axis down to −1: their final values, in words
+        top.set_title('layer {}: γ ends {:+.2f} … {:+.2f}'.format(layer, *gamma[-1, layer].aminmax()), fontsize=9)
         top.set_ylabel('γ (shaded: the corridor)' if layer % columns == 0 else '')
         bottom.set_ylabel('δ' if layer % columns == 0 else '')
         bottom.set_xlabel('tokens seen (millions)')
     for empty in range(n_layer, pairs * columns):
         axes[2 * (empty // columns)][empty % columns].axis('off')
         axes[2 * (empty // columns) + 1][empty % columns].axis('off')
-    fig.suptitle(f'{title}: γ and δ of every head (one line per head)', fontsize=11)
-    return save(fig, path)
+    named = n_head <= 10  # beyond ten heads the colours repeat: a legend would mislead
+    if named:
+        fig.legend(*axes[0][0].get_legend_handles_labels(), loc='lower center', ncol=n_head, fontsize=8,
+                   title='colour = head index, the same in every layer', title_fontsize=8, frameon=False)
+    fig.suptitle(f'{title}: γ and δ of every head' + ('' if named else ' (one line per head)'), fontsize=11)
+    return save(fig, path, rect=(0, 0.55 / fig.get_figheight() if named else 0, 1, 1))
 
 
 def plot_losses(curves, path, title):

@@ -206,3 +206,20 @@ def test_the_comparison_figures_mark_and_name_attention_and_show_the_corridors_l
     fig = figures[str(tmp_path / 'cmp' / 'corridor' / 'gamma_delta.png')]
     assert 'attention' not in fig._suptitle.get_text()
     assert 'attention (γ = 0, δ = 1)' in legend_texts(fig.axes[0].get_legend())
+
+
+def test_evolution_names_each_head_once_and_every_gamma_panel_shows_the_corridors_edges(figures):
+    log = [dict(tokens=t * 1000, gamma=[[g * t / 4 for g in row] for row in GAMMA], delta=DELTA) for t in range(5)]
+    fig = figures[analyze.plot_evolution(log, 'evolution.png', 'run')]
+    (legend,) = fig.legends  # one for the figure, none per panel
+    assert legend_texts(legend) == ['head 0', 'head 1', 'head 2', 'head 3']
+    assert not any(ax.get_legend() for ax in fig.axes)
+    gamma_panels = [ax for ax in fig.axes if ax.get_title().startswith('layer')]
+    assert len(gamma_panels) == len(GAMMA)
+    for ax in gamma_panels:
+        low, high = ax.get_ylim()
+        assert low < -1 and high > 0
+        assert [line.get_color() for line in ax.get_lines()][:4] == ['C0', 'C1', 'C2', 'C3']  # head k: colour k
+    many = [dict(tokens=t, gamma=[[-0.1] * 11], delta=[[1.0] * 11]) for t in range(3)]
+    fig = figures[analyze.plot_evolution(many, 'many.png', 'run')]
+    assert not fig.legends and 'one line per head' in fig._suptitle.get_text()
