@@ -20,6 +20,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 
 import matplotlib
 
@@ -59,15 +60,20 @@ def layer_table(report):
 
 
 # ---------------------------------------------------------------------------------------------- figures
-def plot_occupancy(reports, path):
-    """reports: {label: occupancy report}: grouped bars, one group per layer."""
+
+def plot_occupancy(reports, path, attention=()):
+    """reports: {label: occupancy report}: grouped bars, one group per layer. attention: labels of plain attention
+    runs compared with them, which have no scalars: each a slot of its own, an x at 0 % (every head at γ = 0)."""
     n_layer = len(next(iter(reports.values()))['layers'])
-    fig, ax = plt.subplots(figsize=(min(16, max(5, 1.2 * n_layer)) + 1.6, 3.6))
-    width = 0.8 / len(reports)
+    fig, ax = plt.subplots(figsize=(min(16, max(5, 1.2 * n_layer)) + 2.4, 3.6))
+    slots, layers = len(reports) + len(attention), range(n_layer)
+    width = 0.8 / slots
     for k, (label, report) in enumerate(reports.items()):
-        layers = [r['layer'] for r in report['layers']]
-        ax.bar([x + (k - (len(reports) - 1) / 2) * width for x in layers], [r['occupancy'] for r in report['layers']],
-               width, label=label)
+        ax.bar([r['layer'] + (k - (slots - 1) / 2) * width for r in report['layers']],
+               [r['occupancy'] for r in report['layers']], width, label=label, color=f'C{k}')
+    for k, label in enumerate(attention, len(reports)):  # a zero-height bar would not show: a marker at 0 does
+        ax.plot([x + (k - (slots - 1) / 2) * width for x in layers], [0] * n_layer, 'x', ms=8, mew=2, color='black',
+                clip_on=False, label=f'{label}:\n0 % by construction (γ = 0)')
     ax.set_ylim(0, 1.05)
     ax.set_xticks(layers)
     ax.set_xlabel('layer')
@@ -77,56 +83,73 @@ def plot_occupancy(reports, path):
     return save(fig, path)
 
 
-def plot_gamma_delta(runs, path):
-    """runs: {label: (γ, δ)}: every head in the (γ, δ) plane, the corridor shaded, coloured by layer."""
+def plot_gamma_delta(runs, path, attention=()):
+    """runs: {label: (γ, δ)}: every head in the (γ, δ) plane, the corridor shaded between its edges, coloured by
+    layer, plain attention's one point (0, 1) marked in every panel. attention: labels of attention runs compared
+    with them (no scalars: every head sits on that point), named in the title."""
     fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.8), squeeze=False)
     for ax, (label, (gamma, delta)) in zip(axes[0], runs.items()):
         ax.axvspan(-1, 0, color='tab:green', alpha=0.12, label='corridor −1 < γ < 0')
+        for edge in (-1, 0):  # both edges drawn, so the lower one shows even where no head comes near it
+            ax.axvline(edge, color='tab:green', lw=1)
         colors = plt.cm.viridis([i / max(1, len(gamma) - 1) for i in range(len(gamma))])
         for layer, (g, d) in enumerate(zip(gamma, delta)):
-            ax.scatter(g.tolist(), d.tolist(), color=colors[layer], s=22, label=f'layer {layer}')
-        lo, hi = min(-1.1, gamma.min().item() - 0.1), max(0.3, gamma.max().item() + 0.1)
-        ax.set_xlim(lo, hi)
+            ax.scatter(g.tolist(), d.tolist(), color=colors[layer], s=22,
+                       label=f'layer {layer}' if len(gamma) <= 8 else None)
+        ax.scatter([0], [1], marker='*', s=260, facecolor='none', edgecolor='tab:red', linewidth=1.6, zorder=3,
+                   label='attention (γ = 0, δ = 1)')  # hollow: heads that stay near attention show through
+        ax.set_xlim(min(-1, gamma.min().item()) - 0.15, max(0.15, gamma.max().item() + 0.15))
         ax.set_xlabel('γ = c_I / c_P')
         ax.set_ylabel('δ = c_P')
         ax.set_title(label, fontsize=10)
-        if len(gamma) <= 8:
-            ax.legend(fontsize=7, loc='best')
-        else:  # a pretrained model's 30 layers: a colour scale, not 30 legend entries
+        ax.legend(fontsize=7, loc='best')
+        if len(gamma) > 8:  # a pretrained model's 30 layers: a colour scale, not 30 legend entries
             scale = plt.cm.ScalarMappable(cmap='viridis', norm=plt.Normalize(0, len(gamma) - 1))
             fig.colorbar(scale, ax=ax, label='layer')
-    fig.suptitle('Every head in the (γ, δ) plane', fontsize=11)
+    labels = ', '.join(a.replace(' ', '\u00a0') for a in attention)  # no-break spaces: each label wrapped whole
+    named = textwrap.fill(f'attention, every head at ☆ (0, 1): {labels}', int(13 * fig.get_figwidth()),
+                          break_on_hyphens=False)
+    fig.suptitle('Every head in the (γ, δ) plane' + (f'\n{named}' if attention else ''), fontsize=10)
     return save(fig, path)
 
 
 def plot_evolution(log, path, title):
     """γ (upper row) and δ (lower row) of every head against tokens seen, one column per layer, at most six columns
-    (a 30-layer model wraps into five pairs of rows). γ's axis spans the heads' values and 0, the corridor shaded."""
+    (a 30-layer model wraps into five pairs of rows). γ's axis spans the heads' values and the whole corridor
+    [−1, 0], edges drawn; head k has colour k in every panel, named in one legend under the figure."""
     tokens = [e['tokens'] / 1e6 for e in log]
     gamma = torch.tensor([e['gamma'] for e in log])  # [evals, layers, heads]
     delta = torch.tensor([e['delta'] for e in log])
-    n_layer = gamma.shape[1]
+    n_layer, n_head = gamma.shape[1:]
     columns = min(n_layer, 6)
     pairs = math.ceil(n_layer / columns)
-    fig, axes = plt.subplots(2 * pairs, columns, figsize=(3.2 * columns, 2.7 * 2 * pairs), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(2 * pairs, columns, figsize=(3.2 * columns, 2.7 * 2 * pairs), sharex=True, squeeze=False,
+                             height_ratios=[3, 2] * pairs)  # γ's row taller: its axis spans the whole corridor
     for layer in range(n_layer):
         top, bottom = axes[2 * (layer // columns)][layer % columns], axes[2 * (layer // columns) + 1][layer % columns]
-        for head in range(gamma.shape[2]):
-            top.plot(tokens, gamma[:, layer, head].tolist(), lw=1.2)
-            bottom.plot(tokens, delta[:, layer, head].tolist(), lw=1.2)
-        low, high = min(gamma[:, layer].min().item(), 0.0), max(gamma[:, layer].max().item(), 0.0)
-        margin = max(0.1 * (high - low), 1e-3)
+        for head in range(n_head):
+            top.plot(tokens, gamma[:, layer, head].tolist(), lw=1.4, color=f'C{head % 10}', label=f'head {head}')
+            bottom.plot(tokens, delta[:, layer, head].tolist(), lw=1.4, color=f'C{head % 10}')
+        low, high = min(gamma[:, layer].min().item(), -1.0), max(gamma[:, layer].max().item(), 0.0)
+        margin = 0.06 * (high - low)
         top.set_ylim(low - margin, high + margin)
         top.axhspan(-1, 0, color='tab:green', alpha=0.12)
-        top.set_title(f'layer {layer}', fontsize=10)
+        for edge in (-1, 0):
+            top.axhline(edge, color='tab:green', lw=1, zorder=1)  # under the heads, which start on γ = 0
+        # heads that stay near 0 are a few pixels on an axis down to −1: their final values, in words
+        top.set_title('layer {}: γ ends {:+.2f} … {:+.2f}'.format(layer, *gamma[-1, layer].aminmax()), fontsize=9)
         top.set_ylabel('γ (shaded: the corridor)' if layer % columns == 0 else '')
         bottom.set_ylabel('δ' if layer % columns == 0 else '')
         bottom.set_xlabel('tokens seen (millions)')
     for empty in range(n_layer, pairs * columns):
         axes[2 * (empty // columns)][empty % columns].axis('off')
         axes[2 * (empty // columns) + 1][empty % columns].axis('off')
-    fig.suptitle(f'{title}: γ and δ of every head (one line per head)', fontsize=11)
-    return save(fig, path)
+    named = n_head <= 10  # beyond ten heads the colours repeat: a legend would mislead
+    if named:
+        fig.legend(*axes[0][0].get_legend_handles_labels(), loc='lower center', ncol=n_head, fontsize=8,
+                   title='colour = head index, the same in every layer', title_fontsize=8, frameon=False)
+    fig.suptitle(f'{title}: γ and δ of every head' + ('' if named else ' (one line per head)'), fontsize=11)
+    return save(fig, path, rect=(0, 0.55 / fig.get_figheight() if named else 0, 1, 1))
 
 
 def plot_losses(curves, path, title):
@@ -145,25 +168,30 @@ def plot_loss_comparison(curves, path, title):
     """curves: {label: (tokens, losses)}, the first the reference: the curves overlaid, and below each other run's
     difference from the reference at the evaluations they share (the number a comparison is about), with what one
     run per variant can and cannot say."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 5.6), sharex=True, height_ratios=(3, 2))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 6), sharex=True, height_ratios=(3, 2))
     (ref_label, (ref_tokens, ref_losses)), *others = curves.items()
     reference = dict(zip(ref_tokens, ref_losses))
     for k, (label, (tokens, losses)) in enumerate(curves.items()):
-        top.plot([t / 1e6 for t in tokens], losses, marker='.', color=f'C{k}', label=label)
+        # a style and marker per run, not colour alone: the reference thick and solid, under the others' thin dashes
+        style = dict(ls='-', marker='o', lw=2.6, ms=5, mfc='none') if k == 0 else \
+            dict(ls=('--', ':', '-.')[(k - 1) % 3], marker='s^vD<>'[(k - 1) % 6], lw=1.4, ms=4, zorder=3)
+        every = max(1, len(tokens) // 15)
+        top.plot([t / 1e6 for t in tokens], losses, color=f'C{k}', label=label, markevery=every, **style)
         if k:
             shared = [(t, loss - reference[t]) for t, loss in zip(tokens, losses) if t in reference]
-            bottom.plot([t / 1e6 for t, _ in shared], [d for _, d in shared], marker='.', color=f'C{k}',
-                        label=f'{label} − {ref_label}' + (f': {shared[-1][1]:+.4f} at the end' if shared else ''))
+            bottom.plot([t / 1e6 for t, _ in shared], [d for _, d in shared], color=f'C{k}', markevery=every,
+                        label=f'{label} − {ref_label}' + (f': {shared[-1][1]:+.4f} at the end' if shared else '')
+                        + f'\n(< 0: {label} lower)', **style)
     bottom.axhline(0, color='black', lw=0.7)
     top.set_ylabel('loss (nats per token)')
     top.set_title(title)
     top.legend(fontsize=8)
-    bottom.set_ylabel('difference')
+    bottom.set_ylabel('run − reference (nats)')
     bottom.set_xlabel('tokens seen (millions)')
-    bottom.legend(fontsize=7)
-    bottom.text(0.01, 0.02, 'one run each: a difference is evidence only against the seed-to-seed spread;\n'
-                'train several seeds (python -m lab.sweep) before reading a sign into it', transform=bottom.transAxes,
-                fontsize=7, va='bottom', color='0.3')
+    bottom.legend(fontsize=7, loc='upper center', bbox_to_anchor=(0.5, -0.32))  # below the panel: on no point
+    # a caption under the axes, never over a curve (tight_layout leaves room for a figure's supxlabel)
+    fig.supxlabel('one run each: a difference is evidence only against the seed-to-seed spread;\n'
+                  'train several seeds (python -m lab.sweep) before reading a sign into it', fontsize=7, color='0.3')
     return save(fig, path)
 
 
@@ -212,10 +240,12 @@ def compare_runs(runs, reports, out):
     """Several runs: plots across runs and a summary of final losses."""
     os.makedirs(out, exist_ok=True)
     with_scalars = [r for r in runs if r['config']['operator'] != 'attention']
+    attention = [label(r) for r in runs if r['config']['operator'] == 'attention']  # named in the figures, not drawn
     if with_scalars:
-        plot_occupancy({label(r): reports[r['name']] for r in with_scalars}, os.path.join(out, 'occupancy.png'))
+        plot_occupancy({label(r): reports[r['name']] for r in with_scalars}, os.path.join(out, 'occupancy.png'),
+                       attention=attention)
         plot_gamma_delta({label(r): (r['gamma'], r['delta']) for r in with_scalars},
-                         os.path.join(out, 'gamma_delta.png'))
+                         os.path.join(out, 'gamma_delta.png'), attention=attention)
     logged = [r for r in runs if r['log']]
     if len(logged) > 1:  # the first run is the reference the others are compared with
         plot_loss_comparison({label(r): ([e['tokens'] for e in r['log']], [e['val_loss'] for e in r['log']])

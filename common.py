@@ -221,10 +221,11 @@ def fsync_folder(folder):
         os.close(fd)
 
 
-def save_figure(fig, path):
-    """A matplotlib figure written atomically as path (its format from the name), then closed; returns path."""
+def save_figure(fig, path, rect=(0, 0, 1, 1)):
+    """A matplotlib figure written atomically as path (its format from the name), then closed; returns path. rect:
+    room tight_layout leaves for what it does not place itself (a figure legend)."""
     import matplotlib.pyplot as plt
-    fig.tight_layout()
+    fig.tight_layout(rect=rect)
     try:
         with atomic_write(path, 'wb') as f:  # the format from the real name, not from path.tmp
             fig.savefig(f, dpi=110, format=os.path.splitext(path)[1][1:] or 'png')

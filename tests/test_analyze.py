@@ -1,6 +1,7 @@
 """analyze.py: exact occupancy from known γ/δ, every plot written, one-line errors."""
 
 import json
+import os
 from dataclasses import asdict
 
 import pytest
@@ -87,19 +88,24 @@ def test_every_plot_is_written_for_one_run_and_for_several(tmp_path):
     assert 'One run per variant' in summary
 
 
-def test_an_attention_run_gets_no_empty_corridor_plots_and_its_comparison_shows_the_difference(tmp_path):
-    corridor = fake_run(tmp_path / 'corridor')
-    attention = tmp_path / 'baseline'
-    attention.mkdir()
+def fake_attention_run(folder):
+    """A plain attention run folder (3 layers of 4 heads, like fake_run's) whose val loss falls 2.0 -> 1.5."""
+    folder.mkdir()
     config = GPTConfig(block_size=8, vocab_size=5, n_layer=3, n_head=4, n_embd=8, operator='attention')
     save_checkpoint(dict(model=GPT(config).state_dict(), model_args=asdict(config), iter_num=100, best_val_loss=1.0,
                          config=dict(operator='attention', max_iters=100),
-                         meta=dict(tokenizer='char', vocab_size=5, itos=list('abcde'))), attention / 'ckpt.pt')
-    with open(attention / 'log.jsonl', 'w') as f:
+                         meta=dict(tokenizer='char', vocab_size=5, itos=list('abcde'))), folder / 'ckpt.pt')
+    with open(folder / 'log.jsonl', 'w') as f:
         for it in (0, 50, 100):
             zeros, ones = [[0.0] * 4] * 3, [[1.0] * 4] * 3
             f.write(json.dumps(dict(iter=it, tokens=it * 64, train_loss=2.0, val_loss=2.0 - it / 200, gamma=zeros,
                                     delta=ones, c_I=zeros, c_P=ones)) + '\n')
+    return folder
+
+
+def test_an_attention_run_gets_no_empty_corridor_plots_and_its_comparison_shows_the_difference(tmp_path):
+    corridor = fake_run(tmp_path / 'corridor')
+    attention = fake_attention_run(tmp_path / 'baseline')
     analyze.main([str(attention), str(corridor), '--out', str(tmp_path / 'cmp')])
     names = {p.name for p in (tmp_path / 'cmp' / 'baseline').iterdir()}
     assert names == {'corridor.json', 'summary.md', 'loss.png'}  # no flat γ/δ panels, no zero-height bars
@@ -144,3 +150,77 @@ def test_a_run_with_walk_geometry_gets_its_plot_and_the_series_read_back_exactly
     assert ratio[-1].tolist() == pytest.approx([a / b for a, b in zip(last['gram_diag_mean'], last['gram_offdiag_mean'])])
     assert walk_series(log, 'operator', 'drift')[1].shape == (len(log), 1)  # 2 layers: one drift
     assert walk_series([{k: v for k, v in e.items() if k != 'walk'} for e in log], 'attention', 'drift') is None
+
+
+# ------------------------------------------------------------------ what the figures say, read from matplotlib objects
+
+@pytest.fixture
+def figures(monkeypatch):
+    """{path: Figure} of every figure analyze draws, laid out as save lays it out but never written."""
+    drawn = {}
+
+    def capture(fig, path, rect=(0, 0, 1, 1)):
+        fig.tight_layout(rect=rect)
+        drawn[os.path.normpath(path)] = fig
+        return path
+    monkeypatch.setattr(analyze, 'save', capture)
+    yield drawn
+    for fig in drawn.values():
+        analyze.plt.close(fig)
+
+
+def legend_texts(legend):
+    return [t.get_text() for t in legend.get_texts()]
+
+
+def test_val_loss_curves_differ_by_style_the_difference_says_its_sign_and_the_caveat_is_off_the_data(figures):
+    tokens = [0, 100, 200, 300]
+    analyze.plot_loss_comparison({'attention': (tokens, [4.0, 3.0, 2.5, 2.2]),
+                                  'corridor': (tokens, [4.0, 3.0, 2.5, 2.19])}, 'val_loss.png', 'validation loss')
+    fig = figures['val_loss.png']
+    top, bottom = fig.axes
+    styles = [(line.get_linestyle(), line.get_marker()) for line in top.get_lines()]
+    assert len(styles) == 2 and styles[0][0] != styles[1][0] and styles[0][1] != styles[1][1]  # not colour alone
+    assert '−' in bottom.get_ylabel() and 'reference' in bottom.get_ylabel()
+    assert any('< 0: corridor lower' in t for t in legend_texts(bottom.get_legend()))
+    fig.canvas.draw()
+    caveat = [t for t in fig.findobj(analyze.matplotlib.text.Text) if 'seed-to-seed' in t.get_text()]
+    assert len(caveat) == 1 and caveat[0].get_transform() is not bottom.transAxes
+    box = caveat[0].get_window_extent()
+    assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes)  # under the axes, on no curve
+
+
+def test_the_comparison_figures_mark_and_name_attention_and_show_the_corridors_lower_edge(tmp_path, figures):
+    corridor, attention = fake_run(tmp_path / 'corridor'), fake_attention_run(tmp_path / 'baseline')
+    analyze.main([str(corridor), str(attention), '--out', str(tmp_path / 'cmp')])
+    fig = figures[str(tmp_path / 'cmp' / 'gamma_delta.png')]
+    assert 'baseline (attention)' in fig._suptitle.get_text().replace('\u00a0', ' ')  # a label never wrapped
+    for ax in fig.axes:
+        points = {c.get_label(): c.get_offsets().tolist() for c in ax.collections}
+        assert points['attention (γ = 0, δ = 1)'] == [[0.0, 1.0]]
+        assert [-1, -1] in [list(line.get_xdata()) for line in ax.get_lines()]  # the corridor's lower edge
+        low, high = ax.get_xlim()
+        assert low < -1.05 and high > 0.05
+    (ax,) = figures[str(tmp_path / 'cmp' / 'occupancy.png')].axes
+    assert any(t.startswith('baseline (attention)') and '0 %' in t for t in legend_texts(ax.get_legend()))
+    # one corridor run alone: the attention point is still there, no attention run named
+    fig = figures[str(tmp_path / 'cmp' / 'corridor' / 'gamma_delta.png')]
+    assert 'attention' not in fig._suptitle.get_text()
+    assert 'attention (γ = 0, δ = 1)' in legend_texts(fig.axes[0].get_legend())
+
+
+def test_evolution_names_each_head_once_and_every_gamma_panel_shows_the_corridors_edges(figures):
+    log = [dict(tokens=t * 1000, gamma=[[g * t / 4 for g in row] for row in GAMMA], delta=DELTA) for t in range(5)]
+    fig = figures[analyze.plot_evolution(log, 'evolution.png', 'run')]
+    (legend,) = fig.legends  # one for the figure, none per panel
+    assert legend_texts(legend) == ['head 0', 'head 1', 'head 2', 'head 3']
+    assert not any(ax.get_legend() for ax in fig.axes)
+    gamma_panels = [ax for ax in fig.axes if ax.get_title().startswith('layer')]
+    assert len(gamma_panels) == len(GAMMA)
+    for ax in gamma_panels:
+        low, high = ax.get_ylim()
+        assert low < -1 and high > 0
+        assert [line.get_color() for line in ax.get_lines()][:4] == ['C0', 'C1', 'C2', 'C3']  # head k: colour k
+    many = [dict(tokens=t, gamma=[[-0.1] * 11], delta=[[1.0] * 11]) for t in range(3)]
+    fig = figures[analyze.plot_evolution(many, 'many.png', 'run')]
+    assert not fig.legends and 'one line per head' in fig._suptitle.get_text()
