@@ -1,18 +1,13 @@
 """
-Where did the operator go? Reads run folders written by train.py and writes corridor occupancy, γ/δ plots
-and run comparisons. The studies' statistics live in lab/stats.py, the connection-walk diagnostics in
-`python -m lab.walk` (and a run's logged walk geometry is drawn by lab/figures.py).
+Where did the operator go? Reads run folders written by train.py; writes corridor occupancy, γ/δ plots, comparisons.
 
-    python analyze.py out-shakespeare-char-corridor              # -> out-shakespeare-char-corridor/analysis/
-    python analyze.py out-a out-b out-c --out comparison          # each run, plus the runs compared
+    python analyze.py out-shakespeare-char                        # -> out-shakespeare-char/analysis/
+    python analyze.py out-a out-b out-c --out comparison          # each run, and the runs compared
 
-Per run (RUN/analysis/, or OUT/<run>/): corridor.json, summary.md, occupancy.png, gamma_delta.png,
-evolution.png (γ and δ of every head against tokens seen), loss.png, and for a run trained with walk_interval
-walk.png (the connection-walk geometry of every layer against tokens seen, γ beside it). With several runs, OUT
-(default ./comparison) gets the same plots across runs and a summary.md with final losses.
-
-The corridor is the open interval −1 < γ < 0 (model.in_corridor, as in the training log): a head at γ = 0
-counts as "above" (plain scaled attention), one at γ = −1 as "below" (a pure scaled Laplacian).
+Per run (RUN/analysis/, or OUT/<run>/): corridor.json, summary.md, occupancy.png, gamma_delta.png, evolution.png
+(every head's γ and δ against tokens seen), loss.png, and walk.png for a run trained with walk_interval (drawn by
+lab/figures.py). Several runs: the same across runs in OUT (./comparison) and a summary.md of final losses. The
+corridor is −1 < γ < 0 (model.in_corridor): γ = 0 counts as "above" (attention), γ = −1 as "below" (a Laplacian).
 """
 
 import argparse
@@ -20,7 +15,6 @@ import json
 import math
 import os
 import sys
-import textwrap
 
 import matplotlib
 
@@ -33,17 +27,12 @@ from model import in_corridor  # noqa: E402
 from sources import load_run  # noqa: E402
 
 
-# ---------------------------------------------------------------------------------------------- occupancy
-
 def occupancy_report(gamma, delta):
     """corridor.json's content for [n_layer, n_head] tensors of γ and δ."""
-    layers = []
-    for layer, (g, d) in enumerate(zip(gamma, delta)):
-        layers.append(dict(layer=layer, gamma=g.tolist(), delta=d.tolist(),
-                           occupancy=in_corridor(g).float().mean().item(),
-                           below=int((g <= -1).sum()), above=int((g >= 0).sum()),
-                           # torch's median: the lower middle value for an even number of heads
-                           gamma_mean=g.mean().item(), gamma_median=g.median().item(), delta_mean=d.mean().item()))
+    layers = [dict(layer=layer, gamma=g.tolist(), delta=d.tolist(), occupancy=in_corridor(g).float().mean().item(),
+                   below=int((g <= -1).sum()), above=int((g >= 0).sum()), gamma_mean=g.mean().item(),
+                   gamma_median=g.median().item(), delta_mean=d.mean().item())  # median: the lower middle value
+              for layer, (g, d) in enumerate(zip(gamma, delta))]
     return dict(layers=layers, occupancy=in_corridor(gamma).float().mean().item(),
                 occupancy_beyond_first=in_corridor(gamma[1:]).float().mean().item() if len(gamma) > 1 else None)
 
@@ -59,11 +48,8 @@ def layer_table(report):
     return '\n'.join(rows)
 
 
-# ---------------------------------------------------------------------------------------------- figures
-
 def plot_occupancy(reports, path, attention=()):
-    """reports: {label: occupancy report}: grouped bars, one group per layer. attention: labels of plain attention
-    runs compared with them, which have no scalars: each a slot of its own, an x at 0 % (every head at γ = 0)."""
+    """reports: {label: occupancy report}: bars grouped by layer; attention: the attention runs' labels, an x at 0 %."""
     n_layer = len(next(iter(reports.values()))['layers'])
     fig, ax = plt.subplots(figsize=(min(16, max(5, 1.2 * n_layer)) + 2.4, 3.6))
     slots, layers = len(reports) + len(attention), range(n_layer)
@@ -74,19 +60,15 @@ def plot_occupancy(reports, path, attention=()):
     for k, label in enumerate(attention, len(reports)):  # a zero-height bar would not show: a marker at 0 does
         ax.plot([x + (k - (slots - 1) / 2) * width for x in layers], [0] * n_layer, 'x', ms=8, mew=2, color='black',
                 clip_on=False, label=f'{label}:\n0 % by construction (γ = 0)')
-    ax.set_ylim(0, 1.05)
-    ax.set_xticks(layers)
-    ax.set_xlabel('layer')
-    ax.set_ylabel('fraction of heads with −1 < γ < 0')
-    ax.set_title('Corridor occupancy by layer')
+    ax.set(ylim=(0, 1.05), xticks=layers, xlabel='layer', ylabel='fraction of heads with −1 < γ < 0',
+           title='Corridor occupancy by layer')
     ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
     return save(fig, path)
 
 
 def plot_gamma_delta(runs, path, attention=()):
-    """runs: {label: (γ, δ)}: every head in the (γ, δ) plane, the corridor shaded between its edges, coloured by
-    layer, plain attention's one point (0, 1) marked in every panel. attention: labels of attention runs compared
-    with them (no scalars: every head sits on that point), named in the title."""
+    """runs: {label: (γ, δ)}: every head in the (γ, δ) plane by layer, the corridor shaded, attention's point (0, 1)
+    marked; attention: the labels of attention runs compared (every head on that point), named in the title."""
     fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.8), squeeze=False)
     for ax, (label, (gamma, delta)) in zip(axes[0], runs.items()):
         ax.axvspan(-1, 0, color='tab:green', alpha=0.12, label='corridor −1 < γ < 0')
@@ -98,25 +80,21 @@ def plot_gamma_delta(runs, path, attention=()):
                        label=f'layer {layer}' if len(gamma) <= 8 else None)
         ax.scatter([0], [1], marker='*', s=260, facecolor='none', edgecolor='tab:red', linewidth=1.6, zorder=3,
                    label='attention (γ = 0, δ = 1)')  # hollow: heads that stay near attention show through
-        ax.set_xlim(min(-1, gamma.min().item()) - 0.15, max(0.15, gamma.max().item() + 0.15))
-        ax.set_xlabel('γ = c_I / c_P')
-        ax.set_ylabel('δ = c_P')
+        ax.set(xlim=(min(-1, gamma.min().item()) - 0.15, max(0.15, gamma.max().item() + 0.15)), xlabel='γ = c_I / c_P',
+               ylabel='δ = c_P')
         ax.set_title(label, fontsize=10)
         ax.legend(fontsize=7, loc='best')
         if len(gamma) > 8:  # a pretrained model's 30 layers: a colour scale, not 30 legend entries
             scale = plt.cm.ScalarMappable(cmap='viridis', norm=plt.Normalize(0, len(gamma) - 1))
             fig.colorbar(scale, ax=ax, label='layer')
-    labels = ', '.join(a.replace(' ', '\u00a0') for a in attention)  # no-break spaces: each label wrapped whole
-    named = textwrap.fill(f'attention, every head at ☆ (0, 1): {labels}', int(13 * fig.get_figwidth()),
-                          break_on_hyphens=False)
-    fig.suptitle('Every head in the (γ, δ) plane' + (f'\n{named}' if attention else ''), fontsize=10)
+    named = f"\nattention, every head at ☆ (0, 1): {', '.join(attention)}" if attention else ''
+    fig.suptitle('Every head in the (γ, δ) plane' + named, fontsize=10, wrap=True)
     return save(fig, path)
 
 
 def plot_evolution(log, path, title):
-    """γ (upper row) and δ (lower row) of every head against tokens seen, one column per layer, at most six columns
-    (a 30-layer model wraps into five pairs of rows). γ's axis spans the heads' values and the whole corridor
-    [−1, 0], edges drawn; head k has colour k in every panel, named in one legend under the figure."""
+    """γ (upper rows) and δ of every head against tokens seen, a column per layer (six at most, then wrapped), γ's axis
+    spanning the whole corridor [−1, 0]; head k has colour k in every panel, named in one legend."""
     tokens = [e['tokens'] / 1e6 for e in log]
     gamma = torch.tensor([e['gamma'] for e in log])  # [evals, layers, heads]
     delta = torch.tensor([e['delta'] for e in log])
@@ -139,8 +117,7 @@ def plot_evolution(log, path, title):
         # heads that stay near 0 are a few pixels on an axis down to −1: their final values, in words
         top.set_title('layer {}: γ ends {:+.2f} … {:+.2f}'.format(layer, *gamma[-1, layer].aminmax()), fontsize=9)
         top.set_ylabel('γ (shaded: the corridor)' if layer % columns == 0 else '')
-        bottom.set_ylabel('δ' if layer % columns == 0 else '')
-        bottom.set_xlabel('tokens seen (millions)')
+        bottom.set(ylabel='δ' if layer % columns == 0 else '', xlabel='tokens seen (millions)')
     for empty in range(n_layer, pairs * columns):
         axes[2 * (empty // columns)][empty % columns].axis('off')
         axes[2 * (empty // columns) + 1][empty % columns].axis('off')
@@ -157,17 +134,14 @@ def plot_losses(curves, path, title):
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for label, (tokens, losses) in curves.items():
         ax.plot([t / 1e6 for t in tokens], losses, marker='.', label=label)
-    ax.set_xlabel('tokens seen (millions)')
-    ax.set_ylabel('loss (nats per token)')
-    ax.set_title(title)
+    ax.set(xlabel='tokens seen (millions)', ylabel='loss (nats per token)', title=title)
     ax.legend(fontsize=8)
     return save(fig, path)
 
 
 def plot_loss_comparison(curves, path, title):
-    """curves: {label: (tokens, losses)}, the first the reference: the curves overlaid, and below each other run's
-    difference from the reference at the evaluations they share (the number a comparison is about), with what one
-    run per variant can and cannot say."""
+    """curves: {label: (tokens, losses)}, the first the reference: overlaid, and below each other run's difference
+    from it at the evaluations they share, with what one run per variant can and cannot say."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 6), sharex=True, height_ratios=(3, 2))
     (ref_label, (ref_tokens, ref_losses)), *others = curves.items()
     reference = dict(zip(ref_tokens, ref_losses))
@@ -183,19 +157,15 @@ def plot_loss_comparison(curves, path, title):
                         label=f'{label} − {ref_label}' + (f': {shared[-1][1]:+.4f} at the end' if shared else '')
                         + f'\n(< 0: {label} lower)', **style)
     bottom.axhline(0, color='black', lw=0.7)
-    top.set_ylabel('loss (nats per token)')
-    top.set_title(title)
+    top.set(ylabel='loss (nats per token)', title=title)
     top.legend(fontsize=8)
-    bottom.set_ylabel('run − reference (nats)')
-    bottom.set_xlabel('tokens seen (millions)')
+    bottom.set(ylabel='run − reference (nats)', xlabel='tokens seen (millions)')
     bottom.legend(fontsize=7, loc='upper center', bbox_to_anchor=(0.5, -0.32))  # below the panel: on no point
     # a caption under the axes, never over a curve (tight_layout leaves room for a figure's supxlabel)
     fig.supxlabel('one run each: a difference is evidence only against the seed-to-seed spread;\n'
                   'train several seeds (python -m lab.sweep) before reading a sign into it', fontsize=7, color='0.3')
     return save(fig, path)
 
-
-# ---------------------------------------------------------------------------------------------- one or more runs
 
 def analyze_run(run, out):
     """Write one run's corridor.json, summary.md and plots into out; returns its occupancy report."""
@@ -212,11 +182,11 @@ def analyze_run(run, out):
     if scalars:
         plot_occupancy({run['name']: report}, os.path.join(out, 'occupancy.png'))
         plot_gamma_delta({run['name']: (run['gamma'], run['delta'])}, os.path.join(out, 'gamma_delta.png'))
+    tokens = [e['tokens'] for e in run['log']]
     if run['log'] and scalars:
         plot_evolution(run['log'], os.path.join(out, 'evolution.png'), run['name'])
     if run['log']:
-        plot_losses({'train': ([e['tokens'] for e in run['log']], [e['train_loss'] for e in run['log']]),
-                     'val': ([e['tokens'] for e in run['log']], [e['val_loss'] for e in run['log']])},
+        plot_losses({split: (tokens, [e[f'{split}_loss'] for e in run['log']]) for split in ('train', 'val')},
                     os.path.join(out, 'loss.png'), f"{run['name']}: loss")
         if any('walk' in e for e in run['log']):  # the second paper's geometry, logged by walk_interval: the lab's
             from lab.figures import plot_walk_evolution
@@ -271,12 +241,7 @@ def compare_runs(runs, reports, out):
     print(text + f"\n-> {out}")
 
 
-# ---------------------------------------------------------------------------------------------- command line
-
 def main(argv):
-    if '--diagnostics' in argv:  # its old name for lab/walk.py: say where it went rather than import another tool
-        raise UserError("the connection-walk diagnostics are their own command now: python -m lab.walk "
-                        + ' '.join(a for a in argv if a != '--diagnostics'))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('runs', nargs='+', help='run folders written by train.py')
     parser.add_argument('--out', help='where to write (default: RUN/analysis, and ./comparison for several runs)')

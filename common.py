@@ -30,43 +30,27 @@ def main_guard(main):
         sys.exit(2)
 
 
-def closest(name, candidates):
-    match = difflib.get_close_matches(name, list(candidates), n=1)
-    return f" (did you mean {match[0]!r}?)" if match else ""
-
-
-# ---------------------------------------------------------------------------------------------- configurator
-
 def _checked(key, value, default, optional):
-    """value converted to the type of the default, or a UserError naming the key."""
-    if value is None and key in optional:
+    """value as the type of its default (an int where a float is; a bool is no number), or a UserError."""
+    if value is None and key in optional or type(value) is type(default) and not isinstance(default, float):
         return value
-    if isinstance(default, bool):
-        if isinstance(value, bool):
-            return value
-    elif isinstance(default, float):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif isinstance(default, int):
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif isinstance(value, type(default)):
-        return value
+    if isinstance(default, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
     raise UserError(f"{key} must be {type(default).__name__} like its default {default!r}, got {value!r}")
 
 
 def parse_config(defaults, argv, optional=(), hints=None):
-    """nanoGPT's convention: arguments without '=' are Python config files of `key = value` lines, applied in
-    order, then `--key=value` overrides. Returns a new dict with the same keys as defaults; unknown keys and
-    values of the wrong type are UserErrors. Keys in `optional` may also be None; `hints` maps keys a user may
-    expect (but that this script doesn't take) to the message that says why."""
+    """nanoGPT's convention: config files (`key = value` lines) in order, then `--key=value` overrides; a new dict of
+    defaults' keys, an unknown key or a wrong type a UserError. `optional` keys may be None; `hints`: key -> why not."""
     config = dict(defaults)
 
     def assign(key, value, where):
         if key in (hints or {}):
             raise UserError(f"{hints[key]} ({where})")
         if key not in defaults:
-            raise UserError(f"unknown config key {key!r} in {where}{closest(key, defaults)}")
+            match = difflib.get_close_matches(key, list(defaults), n=1)
+            raise UserError(f"unknown config key {key!r} in {where}"
+                            + (f" (did you mean {match[0]!r}?)" if match else ''))
         config[key] = _checked(key, value, defaults[key], optional)
 
     for arg in argv:
@@ -98,8 +82,7 @@ def parse_config(defaults, argv, optional=(), hints=None):
 
 
 def model_config(config):
-    """The GPTConfig named by a run config's keys; one no model can have (an unknown operator, keys that don't apply
-    to it, ...) is a UserError here, not a failure in the middle of a run."""
+    """The GPTConfig of a run config's keys; one no model can have is a UserError now, not mid-run."""
     c = GPTConfig(**{k: v for k, v in config.items() if k in GPTConfig.__dataclass_fields__})
     learnable = [name for name, form in OPERATORS.items() if form.learnable]
     changed = [key for key in ('gamma_init', 'delta_init', 'init_spread', 'learn_gamma', 'learn_delta', 'gamma_nonneg')
@@ -120,8 +103,8 @@ def model_config(config):
             (c.operator != 'corridor' and not (c.learn_gamma and c.learn_delta),
              f"learn_gamma/learn_delta=False fix the corridor's γ/δ: use operator='corridor' (operator="
              f"{c.operator!r} has no γ/δ of its own)"),
-            (c.operator != 'corridor' and c.gamma_nonneg, "gamma_nonneg constrains the corridor's γ: use "
-                                                          "operator='corridor'"),
+            (c.operator != 'corridor' and c.gamma_nonneg,
+             "gamma_nonneg constrains the corridor's γ: use operator='corridor'"),
             (c.gamma_nonneg and c.gamma_init - c.init_spread < 0,
              f"gamma_nonneg needs gamma_init - init_spread >= 0, got {c.gamma_init} - {c.init_spread}")):
         if wrong:
@@ -129,9 +112,7 @@ def model_config(config):
     return c
 
 
-# ---------------------------------------------------------------------------------------------- GPT-2
-
-GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')  # OpenAI's checkpoints (sources.gpt2 loads them)
+GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')  # OpenAI's checkpoints (lab/hf.py's gpt2 reads them)
 
 
 def gpt2_encoding():
@@ -144,11 +125,8 @@ def gpt2_encoding():
                         f"once, so without network set TIKTOKEN_CACHE_DIR to a folder that holds them") from None
 
 
-# ---------------------------------------------------------------------------------------------- checkpoints
-
 class WriteFailed(UserError):
-    """A file could not be written: no space, permission lost, an I/O error. What was at the path is untouched and
-    no temporary file is left. `path` and `reason` let a caller say more (train.py names the intact checkpoint)."""
+    """A file could not be written (no space, no permission); what was there is untouched, no temporary file left."""
 
     def __init__(self, path, reason):
         self.path, self.reason = path, reason
@@ -156,8 +134,7 @@ class WriteFailed(UserError):
 
 
 def storage_error(e):
-    """The OSError behind an exception, or None. torch's serializer reports a full disk as a RuntimeError
-    ('unexpected pos'), with the file's OSError as its context."""
+    """The OSError behind an exception, or None (torch's serializer reports a full disk as a RuntimeError)."""
     while e is not None and not isinstance(e, OSError):
         e = e.__cause__ or e.__context__
     return e
@@ -169,10 +146,8 @@ def describe_os_error(e):
 
 @contextmanager
 def atomic_write(path, mode='w', durable=False, **open_kwargs):
-    """A file object for `path` that appears complete or not at all: written as path.tmp, then renamed over path.
-    durable=True also fsyncs the file and the rename (a power cut keeps the old or the new file, never a torn one).
-    Any failure removes path.tmp; a failure of the storage (an OSError, also inside torch's serializer) becomes a
-    WriteFailed, one line for the user."""
+    """A file for `path` that appears whole or not at all: path.tmp renamed over it (durable: fsynced, the rename too,
+    so a power cut keeps the old or the new). A failure removes path.tmp; the storage's is a WriteFailed."""
     tmp = f"{path}.tmp"
     try:
         with open(tmp, mode, **open_kwargs) as f:
@@ -181,8 +156,9 @@ def atomic_write(path, mode='w', durable=False, **open_kwargs):
             if durable:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-        if durable:
-            fsync_folder(os.path.dirname(os.path.abspath(path)))
+        if durable:  # the rename itself
+            fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+            os.fsync(fd), os.close(fd)
     except BaseException as e:
         with suppress(OSError):
             os.remove(tmp)
@@ -193,8 +169,7 @@ def atomic_write(path, mode='w', durable=False, **open_kwargs):
 
 
 def append_line(path, line):
-    """Append one line (a log entry) whole or not at all: a failed write is cut back off, so a full disk never leaves
-    a torn line for the next append to run into. A failure is a WriteFailed."""
+    """Append one line (a log entry) whole or not at all: a failed write is cut back off (a WriteFailed)."""
     data = (line + '\n').encode()
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -212,18 +187,8 @@ def append_line(path, line):
         raise WriteFailed(path, describe_os_error(e)) from None
 
 
-def fsync_folder(folder):
-    """Make a rename in folder durable."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_figure(fig, path, rect=(0, 0, 1, 1)):
-    """A matplotlib figure written atomically as path (its format from the name), then closed; returns path. rect:
-    room tight_layout leaves for what it does not place itself (a figure legend)."""
+    """A figure written atomically (its format from the name), closed; rect: tight_layout's (room for a legend)."""
     import matplotlib.pyplot as plt
     fig.tight_layout(rect=rect)
     try:
@@ -235,23 +200,15 @@ def save_figure(fig, path, rect=(0, 0, 1, 1)):
 
 
 def save_checkpoint(obj, path):
-    """Write atomically: a crash at any moment leaves either the old file or the new one, never a torn one; a
-    failed write (a full disk) leaves the old one and no ckpt.pt.tmp, and raises WriteFailed."""
+    """Written atomically and durably: a crash or a full disk leaves the old file or the new one, never a torn one."""
     with atomic_write(path, 'wb', durable=True) as f:
         torch.save(obj, f)
 
 
-# ---------------------------------------------------------------------------------------------- dtype and MFU
-
-
 def resolve_dtype(dtype, device):
-    """'auto': bfloat16 on a GPU that computes it natively (compute capability 8.0 and up), float16 with a grad
-    scaler on older GPUs (torch.cuda.is_bf16_supported also counts the slow emulated bf16 of a V100 or T4), float32
-    on CPU."""
-    if dtype != 'auto':
-        return dtype
-    if not device.startswith('cuda'):
-        return 'float32'
+    """'auto': bf16 where the GPU has it natively (capability ≥ 8), else float16 (a grad scaler); CPU float32."""
+    if dtype != 'auto' or not device.startswith('cuda'):
+        return 'float32' if dtype == 'auto' else dtype
     return 'bfloat16' if torch.cuda.get_device_capability(torch.device(device))[0] >= 8 else 'float16'
 
 
@@ -261,10 +218,9 @@ SDPA_BACKENDS = ('auto', 'flash', 'efficient', 'cudnn', 'math')
 
 
 def sdpa_backend(name, model, block_size, device, dtype, autocast):
-    """A context manager that lets only this SDPA backend run ('auto': every one, nullcontext), after trying it here
-    on the model's own forward and backward over a few tokens, as it will train (its layout, head size, grouped-query
-    heads, dtype, dropout), its gradients and the run's random numbers left untouched: a backend with no kernel for
-    them is one line now, not a crash at the first step."""
+    """A context that lets only this SDPA backend run ('auto': any), after trying it on the model's own forward and
+    backward over a few tokens as it will train (layout, head size, grouped-query heads, dtype, dropout), its
+    gradients and the run's random numbers untouched: a backend with no kernel for them is one line, not a crash."""
     import contextlib
     import warnings
     if name not in SDPA_BACKENDS:
@@ -290,10 +246,8 @@ def sdpa_backend(name, model, block_size, device, dtype, autocast):
     return sdpa_kernel(backend)
 
 
-# Dense peak FLOP/s (without 2:4 sparsity, half the data sheets' starred figures) of NVIDIA's data sheets:
-# bf16/fp16 tensor cores, and TF32 for float32 (train.py and lab/bench.py turn TF32 on). Matched in order against
-# torch.cuda.get_device_name(), e.g. 'NVIDIA H100 80GB HBM3', 'NVIDIA H100 NVL', 'NVIDIA H200 NVL': the PCIe and
-# NVL cards come before the SXM parts whose names they contain.
+# Dense peak FLOP/s of NVIDIA's data sheets (half their starred 2:4-sparse figures): bf16/fp16 tensor cores, TF32 for
+# float32. Matched in order against torch.cuda.get_device_name(): the PCIe / NVL cards before the SXM names they contain.
 PEAK_FLOPS = {
     'H200 NVL':  {'bfloat16': 835e12, 'float16': 835e12, 'float32': 418e12},  # H200 NVL: 1,671 / 835 sparse
     'H200':      {'bfloat16': 989e12, 'float16': 989e12, 'float32': 494e12},  # H200 SXM: 1,979 / 989 sparse
@@ -313,10 +267,7 @@ def peak_flops(device, dtype):
 
 def peak_flops_of(device_name, dtype):
     """PEAK_FLOPS for a GPU's name as torch.cuda.get_device_name() gives it, or None for one not in the table."""
-    for key, peaks in PEAK_FLOPS.items():
-        if key in device_name:
-            return peaks.get(dtype)
-    return None
+    return next((peaks.get(dtype) for key, peaks in PEAK_FLOPS.items() if key in device_name), None)
 
 
 def flops_per_token(model, seq_len, weights_train=True):

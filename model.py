@@ -154,7 +154,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # [B, H, T, hs]
         k_all, v_all = cache.extend(k, v) if cache is not None else (k, v)  # P·V reads every position so far
-        causal = k_all.size(2) == T  # after a cached prefix, one new token attends to every position: no mask
+        causal = cache is None or k_all.size(2) == T  # after a cached prefix, a new token sees every position
         assert causal or T == 1, "after the first forward, a cached forward takes one token at a time"
         probs = None
         if return_probs:  # the math path
@@ -346,5 +346,5 @@ def gamma_delta(coefficients):  # (γ, δ) = (c_I / c_P, c_P) from a [..., 2] te
 CLAIM_B = -0.05  # claim (b)'s "settled in the corridor", read strictly: a head at γ = −0.01 is hardly off attention
 
 
-def in_corridor(gamma, below=0.0):  # the convex corridor −1 < γ < 0 between (scaled) Laplacian and attention; or < below
+def in_corridor(gamma, below=0.0):  # the convex corridor −1 < γ < 0 (or < below), between Laplacian and attention
     return (gamma > -1) & (gamma < below)

@@ -7,12 +7,10 @@ Turn a corpus into what train.py reads: DATA_ROOT/NAME/{train.bin, val.bin} (uin
     python prepare.py wikitext2                         # the same, GPT-2 BPE
     python prepare.py openwebtext                       # OpenWebText, GPT-2 BPE (~9B tokens, ~17 GB)
     python prepare.py text --input notes/ --name notes  # your own .txt / .jsonl files, char or GPT-2 BPE
-    python prepare.py wikitext2 --tokenizer=smollm2-135m  # a pretrained model's own tokenizer (train.py
-                                                          # --init_from=smollm2-135m): data/wikitext2_smollm2-135m
+    python prepare.py wikitext2 --tokenizer=smollm2-135m  # a pretrained model's own: data/wikitext2_smollm2-135m
 
---input PATH uses a local copy instead of downloading (a machine without network). The output folder
-appears in one rename at the end: an interrupted run leaves at most a NAME.partial folder, never files that
-look complete, and an earlier complete NAME folder stays until the new one replaces it.
+--input PATH uses a local copy instead of downloading. The output folder appears in one rename at the end: an
+interrupted run leaves at most NAME.partial, and an earlier complete NAME stays until the new one replaces it.
 """
 
 import argparse
@@ -38,8 +36,7 @@ GPT2_EOT = 50256
 
 @contextmanager
 def atomic_output_dir(final):
-    """Yield a scratch folder that becomes `final` in one rename, only if the block completes. A failure removes the
-    scratch folder; one of the storage (a full disk: an OSError) is a WriteFailed, one line for the user."""
+    """A scratch folder renamed to `final` if the block completes; else removed (a full disk: a WriteFailed)."""
     final = Path(final)
     partial, old = final.with_name(final.name + '.partial'), final.with_name(final.name + '.old')
     shutil.rmtree(partial, ignore_errors=True)
@@ -64,31 +61,6 @@ def atomic_output_dir(final):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def write_meta(out, **meta):
-    (out / 'meta.json').write_text(json.dumps(meta, indent=1) + '\n')
-
-
-def token_dtype(vocab_size):
-    """uint16 as nanoGPT, uint32 for the larger vocabularies of pretrained models (Gemma 3: 262k, Qwen: 152k)."""
-    return 'uint16' if vocab_size <= 65536 else 'uint32'
-
-
-def model_tokenizer(source):
-    """(encode, vocab_size, meta entries) for a pretrained model's own tokenizer (lab/hf.py loads it)."""
-    from lab import hf  # here, not at the top: a pretrained model's tokenizer is the lab's (and transformers')
-    tokenizer = hf.load_tokenizer(source)
-    vocab_size = max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
-
-    def encode(text):  # line by line: a progress bar, and no single 1 MB call
-        lines = text.splitlines(keepends=True)
-        return [i for line in tqdm(lines, desc='tokenizing', unit='line', mininterval=1, leave=False)
-                for i in tokenizer(line, add_special_tokens=False)['input_ids']]
-    meta = dict(tokenizer_source=source, tokenizer_fingerprint=hf.tokenizer_fingerprint(tokenizer))
-    if tokenizer.eos_token_id is not None:
-        meta['eot_token'] = tokenizer.eos_token_id
-    return encode, vocab_size, meta
-
-
 def download_text(url, args):
     if args.input:
         return Path(args.input).read_text(encoding='utf-8')
@@ -101,8 +73,6 @@ def download_text(url, args):
                         f"{args.dataset} --input PATH --data_root={args.data_root}") from None
 
 
-# ---------------------------------------------------------------------------------------------- small corpora
-
 def char_tokenizer(text):
     itos = sorted(set(text))
     stoi = {c: i for i, c in enumerate(itos)}
@@ -113,17 +83,14 @@ def write_small(out, train_ids, val_ids, source, tokenizer, vocab_size, itos=Non
     if len(train_ids) < 2 or len(val_ids) < 2:  # train.py needs at least one (input, target) pair per split
         raise UserError(f"{source} gives {len(train_ids)} training and {len(val_ids)} validation tokens: too little "
                         f"text to train on (an empty file?)")
-    dtype = token_dtype(vocab_size)
+    dtype = 'uint16' if vocab_size <= 65536 else 'uint32'  # uint32: pretrained vocabularies (Gemma 3: 262k)
     # write_bytes, not tofile: a full disk is then an OSError with its errno, not numpy's bare short-write message
     (out / 'train.bin').write_bytes(np.array(train_ids, dtype=dtype).tobytes())
     (out / 'val.bin').write_bytes(np.array(val_ids, dtype=dtype).tobytes())
+    extra |= {'itos': itos} if itos is not None else {'eot_token': GPT2_EOT} if tokenizer == 'gpt2' else {}
     meta = dict(tokenizer=tokenizer, vocab_size=vocab_size, train_tokens=len(train_ids), val_tokens=len(val_ids),
-                source=source, dtype=dtype)
-    if itos is not None:
-        meta['itos'] = itos
-    if tokenizer == 'gpt2':
-        meta['eot_token'] = GPT2_EOT
-    write_meta(out, **meta, **extra)
+                source=source, dtype=dtype, **extra)
+    (out / 'meta.json').write_text(json.dumps(meta, indent=1) + '\n')
 
 
 def write_subword(out, texts, source, tokenizer_name, dataset):
@@ -131,7 +98,8 @@ def write_subword(out, texts, source, tokenizer_name, dataset):
     if tokenizer_name == 'gpt2':
         enc = gpt2_encoding()
         return write_small(out, *map(enc.encode_ordinary, texts), source, 'gpt2', enc.n_vocab)
-    encode, vocab_size, extra = model_tokenizer(tokenizer_name)
+    from lab import hf  # a pretrained model's own tokenizer: the lab's (and transformers')
+    encode, vocab_size, extra = hf.data_tokenizer(tokenizer_name)
     write_small(out, *map(encode, texts), source, 'hf', vocab_size, dataset=dataset, **extra)
 
 
@@ -148,8 +116,7 @@ def prepare_shakespeare(out, args, char_level):
 
 
 def read_wikitext2(input_path):
-    """{'validation': text, 'test': text} of WikiText-2 (raw): through `datasets`, or from a folder holding
-    wiki.valid.raw and wiki.test.raw (as in wikitext-2-raw-v1.zip)."""
+    """{'validation': text, 'test': text} of WikiText-2 (raw): from `datasets`, or --input's two .raw files."""
     if input_path:
         folder = Path(input_path)
         files = {'validation': folder / 'wiki.valid.raw', 'test': folder / 'wiki.test.raw'}
@@ -168,10 +135,8 @@ def read_wikitext2(input_path):
 
 
 def prepare_wikitext2(out, args, char_level):
-    """WikiText-2 at Tiny Shakespeare's size, the CPU studies' second corpus: the validation split (1.15M
-    characters, 250k GPT-2 tokens) trains and the test split (1.29M, 286k) validates. The 10.9M-character train
-    split is left out on purpose, so that the corpus matches Tiny Shakespeare's size and an offline copy of the
-    two small splits gives exactly the same data."""
+    """WikiText-2 at Tiny Shakespeare's size, the CPU studies' second corpus: the validation split (1.15M characters)
+    trains, the test split (1.29M) validates (left out: the 10.9M train split, which an offline copy lacks)."""
     texts = read_wikitext2(args.input)
     source = args.input or 'wikitext/wikitext-2-raw-v1 (datasets)'
     if char_level:  # the vocabulary covers both splits, so no validation character is unknown
@@ -203,8 +168,7 @@ def read_documents(input_path, text_field):
 
 
 def prepare_text(out, args):
-    """Your own files: documents concatenated in order (GPT-2 BPE: an end-of-text token after each), the last
-    val_fraction of the tokens validate."""
+    """Your own files, concatenated in order (an end-of-text token after each), the last val_fraction validating."""
     documents = read_documents(args.input, args.text_field)
     extra = {}
     if args.tokenizer == 'char':
@@ -212,7 +176,8 @@ def prepare_text(out, args):
         ids = [i for doc in documents for i in encode(doc)]
         vocab_size = len(itos)
     elif args.tokenizer != 'gpt2':  # a pretrained model's own, its end-of-sequence token after each document
-        encode, vocab_size, extra = model_tokenizer(args.tokenizer)
+        from lab import hf
+        encode, vocab_size, extra = hf.data_tokenizer(args.tokenizer)
         itos, end = None, [extra['eot_token']] if 'eot_token' in extra else []
         ids = [i for doc in tqdm(documents, desc='documents', unit='doc') for i in encode(doc) + end]
     else:
@@ -224,22 +189,16 @@ def prepare_text(out, args):
                 **extra)
 
 
-# ---------------------------------------------------------------------------------------------- OpenWebText
-
-# Written straight from the parquet files: `datasets` would first copy the corpus into its Arrow cache and then map
-# it into int64 id lists there (about 9B tokens × 8 bytes), several times the 17 GB of uint16 that train.py reads.
-# Here each worker tokenizes one parquet row group into uint16 shard files, and the main process appends the shards
-# to train.bin / val.bin in order and deletes them: the output folder never holds much more than the final files.
+# Written straight from the parquet files (`datasets` would copy the corpus into its Arrow cache and map it to int64
+# lists, several times the 17 GB train.py reads): each worker tokenizes a row group into uint16 shards, which the main
+# process appends to train.bin / val.bin in order and deletes, so the folder never holds much more than the result.
 OPENWEBTEXT_PARQUET = ('Skylion007/openwebtext', 'refs/convert/parquet', 'plain_text/train/')
 VAL_FRACTION, SPLIT_SEED = 0.0005, 2357  # nanoGPT's split: 0.05 % of the documents validate
-# GPT-2 BPE on English web text: about 4.2 bytes of UTF-8 per token (OpenWebText: ~38 GB → 9.04B). The disk plan
-# assumes 3.5, so that it errs on the safe side by ~20 %.
-BYTES_PER_TOKEN_PLAN = 3.5
+BYTES_PER_TOKEN_PLAN = 3.5  # GPT-2 BPE: ~4.2 bytes of web text a token; the disk plan errs on the safe side
 
 
 def openwebtext_files(input_path):
-    """(parquet files, bytes still to download, source) for --input, or for the hub's parquet export: the file list
-    and sizes first, so that the disk plan is known before anything is fetched."""
+    """(parquet files, bytes to download, source) of --input or the hub's export: sizes first, for the disk plan."""
     if input_path:
         root = Path(input_path)
         files = sorted(root.rglob('*.parquet')) if root.is_dir() else [root]
@@ -255,11 +214,9 @@ def openwebtext_files(input_path):
     except Exception as e:  # offline, a moved repository, ...
         raise UserError(f"cannot list {repo}@{revision} on the Hugging Face hub ({type(e).__name__}); download its "
                         f"parquet files elsewhere and pass --input DIR") from None
-    to_fetch = sum(f.size for f in listing)
-    files = []
-    for f in tqdm(sorted(listing, key=lambda f: f.path), desc='downloading parquet', unit='file'):
-        files.append(Path(hf_hub_download(repo, f.path, repo_type='dataset', revision=revision)))
-    return files, to_fetch, f"{repo}@{revision}"
+    files = [Path(hf_hub_download(repo, f.path, repo_type='dataset', revision=revision))
+             for f in tqdm(sorted(listing, key=lambda f: f.path), desc='downloading parquet', unit='file')]
+    return files, sum(f.size for f in listing), f"{repo}@{revision}"
 
 
 def row_groups(files):
@@ -271,19 +228,16 @@ def row_groups(files):
         names = [meta.schema.column(i).name for i in range(meta.num_columns)]
         if 'text' not in names:
             raise UserError(f"{path}: no 'text' column (columns: {', '.join(names)})")
-        column = names.index('text')
         for g in range(meta.num_row_groups):
             group = meta.row_group(g)
-            units.append((str(path), g, first, group.num_rows, group.column(column).total_uncompressed_size))
+            units.append((str(path), g, first, group.num_rows, group.column(names.index('text')).total_uncompressed_size))
             first += group.num_rows
     return units, first
 
 
 def disk_plan(units, to_fetch, out, workers):
-    """Bytes the output folder will hold at its peak (the two .bin files, estimated from the text's size, plus the
-    shards in flight), what the download adds, and what is free: printed before the work starts."""
-    text_bytes = sum(u[4] for u in units)
-    largest = max(u[4] for u in units)
+    """The output's peak bytes (the .bin files and shards in flight), the download, the free space."""
+    text_bytes, largest = sum(u[4] for u in units), max(u[4] for u in units)
     output = int(2 * text_bytes / BYTES_PER_TOKEN_PLAN)
     in_flight = int(2 * largest / BYTES_PER_TOKEN_PLAN) * 2 * (workers + 1)  # finished shards wait their turn
     return dict(text_bytes=text_bytes, output=output, peak=output + in_flight, download=to_fetch,
@@ -294,11 +248,10 @@ def size(n_bytes):
     return f"{n_bytes / 1e9:.2f} GB" if n_bytes >= 1e9 else f"{n_bytes / 1e6:.1f} MB"
 
 
-def tokenize_row_group(unit, val_documents, scratch):
-    """Worker: one row group → scratch/NNNNN.train, NNNNN.val (uint16 ids, an end-of-text token after each document).
-    Returns the two token counts."""
+def tokenize_row_group(job):
+    """Worker: a row group → scratch/N.train, N.val (uint16, end-of-text after each document); their token counts."""
     import pyarrow.parquet as pq
-    path, group, first, n, _ = unit
+    (path, group, first, n, _), val_documents, scratch = job
     texts = pq.ParquetFile(path).read_row_group(group, columns=['text']).column('text').to_pylist()
     enc = gpt2_encoding()
     is_val = np.isin(np.arange(first, first + n), val_documents)
@@ -312,14 +265,9 @@ def tokenize_row_group(unit, val_documents, scratch):
     return counts
 
 
-def _tokenize_unit(job):  # Pool.imap sends one picklable argument
-    return tokenize_row_group(*job)
-
-
 def prepare_openwebtext(out, args):
-    """OpenWebText through GPT-2's BPE, parquet row group by row group in parallel. Documents keep their order; 0.05 %
-    of them, drawn with nanoGPT's seed, validate (nanoGPT's split draws another 0.05 % and shuffles the rest, which
-    random batches make no different for training)."""
+    """OpenWebText through GPT-2's BPE, row group by row group in parallel, in order; 0.05 % of the documents, drawn
+    with nanoGPT's seed, validate (nanoGPT also shuffles the rest, which random batches make no difference to)."""
     import multiprocessing
     files, to_fetch, source = openwebtext_files(args.input)
     units, n_documents = row_groups(files)
@@ -337,17 +285,15 @@ def prepare_openwebtext(out, args):
     if plan['peak'] > plan['free']:
         raise UserError(f"{out.parent} has {size(plan['free'])} free, and the prepared corpus needs about "
                         f"{size(plan['peak'])}: free some space or choose --data_root on a larger disk")
-    rng = np.random.default_rng(SPLIT_SEED)
+    rng, scratch, counts, peak = np.random.default_rng(SPLIT_SEED), out / 'shards', dict(train=0, val=0), 0
     val_documents = np.sort(rng.choice(n_documents, size=math.ceil(VAL_FRACTION * n_documents), replace=False))
-    scratch = out / 'shards'
     scratch.mkdir()
-    counts, peak = dict(train=0, val=0), 0
     jobs = [(unit, val_documents[(val_documents >= unit[2]) & (val_documents < unit[2] + unit[3])], scratch)
             for unit in units]
     context = multiprocessing.get_context('spawn')  # no forked copies of a parent's threads (torch, tokenizers)
     with context.Pool(max(1, args.num_proc)) as pool, open(out / 'train.bin', 'ab') as train, \
             open(out / 'val.bin', 'ab') as val:
-        for unit, (n_train, n_val) in zip(units, tqdm(pool.imap(_tokenize_unit, jobs), total=len(jobs),
+        for unit, (n_train, n_val) in zip(units, tqdm(pool.imap(tokenize_row_group, jobs), total=len(jobs),
                                                      desc='tokenizing', unit='row group')):
             shards = [(f, scratch / f'{unit[2]:012d}.{split}') for split, f in (('train', train), ('val', val))]
             for f, shard in shards:
@@ -357,15 +303,13 @@ def prepare_openwebtext(out, args):
             peak = max(peak, sum(p.stat().st_size for p in out.rglob('*') if p.is_file()))
             for _, shard in shards:
                 shard.unlink()
-            counts['train'] += n_train
-            counts['val'] += n_val
+            counts = dict(train=counts['train'] + n_train, val=counts['val'] + n_val)
     scratch.rmdir()
     print(f"peak disk used in {out}: {size(peak)} (planned {size(plan['peak'])})")
-    write_meta(out, tokenizer='gpt2', vocab_size=enc.n_vocab, eot_token=GPT2_EOT, train_tokens=counts['train'],
-               val_tokens=counts['val'], documents=n_documents, source=source, dtype='uint16', peak_disk_bytes=peak)
+    meta = dict(tokenizer='gpt2', vocab_size=enc.n_vocab, eot_token=GPT2_EOT, train_tokens=counts['train'],
+                val_tokens=counts['val'], documents=n_documents, source=source, dtype='uint16', peak_disk_bytes=peak)
+    (out / 'meta.json').write_text(json.dumps(meta, indent=1) + '\n')
 
-
-# ---------------------------------------------------------------------------------------------- main
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -373,28 +317,24 @@ def main():
                                             'openwebtext', 'text'])
     parser.add_argument('--input', help='a local copy (file or folder) instead of the download')
     parser.add_argument('--data_root', default='data', help='prepared data goes to DATA_ROOT/NAME (default: data)')
-    parser.add_argument('--name', help='the folder name under data_root (default: the dataset, or for text the '
-                                       'input file stem)')
-    parser.add_argument('--tokenizer', default='gpt2',
-                        help="gpt2 (default), char (text only), or a pretrained model's own: smollm2-135m, "
-                             "gemma3-270m, a .gguf file or a transformers folder (shakespeare, wikitext2, text)")
+    parser.add_argument('--name', help='the folder under data_root (default: the dataset, for text the input stem)')
+    parser.add_argument('--tokenizer', default='gpt2', help="gpt2, char (text only), or a pretrained model's own: "
+                        "smollm2-135m, gemma3-270m, a .gguf file, a transformers folder (shakespeare, wikitext2, text)")
     parser.add_argument('--text_field', default='text', help='text, .jsonl: the field holding each document')
     parser.add_argument('--val_fraction', type=float, default=0.1, help='text: fraction of tokens that validate')
-    parser.add_argument('--num_proc', type=int, default=min(8, os.cpu_count() or 1),
-                        help='openwebtext: worker processes')
+    parser.add_argument('--num_proc', type=int, default=min(8, os.cpu_count() or 1), help='openwebtext: workers')
     args = parser.parse_args()
-    if args.dataset == 'text' and not args.input:
-        raise UserError("the text dataset needs --input FILE_OR_FOLDER")
-    if not 0 < args.val_fraction < 1:
-        raise UserError(f"--val_fraction must be in (0, 1), got {args.val_fraction}")
-    if args.input and not Path(args.input).exists():
-        raise UserError(f"--input {args.input} does not exist")
     own_tokenizer = args.tokenizer not in ('char', 'gpt2')
-    if own_tokenizer and args.dataset not in ('shakespeare', 'wikitext2', 'text'):
-        raise UserError(f"--tokenizer={args.tokenizer}: a pretrained model's tokenizer prepares shakespeare, wikitext2 "
-                        f"and text ({args.dataset} takes gpt2)")
-    if args.tokenizer == 'char' and args.dataset != 'text':
-        raise UserError(f"--tokenizer=char is for text; {args.dataset} has its own _char dataset")
+    for wrong, message in (
+            (args.dataset == 'text' and not args.input, "the text dataset needs --input FILE_OR_FOLDER"),
+            (not 0 < args.val_fraction < 1, f"--val_fraction must be in (0, 1), got {args.val_fraction}"),
+            (args.input and not Path(args.input).exists(), f"--input {args.input} does not exist"),
+            (own_tokenizer and args.dataset not in ('shakespeare', 'wikitext2', 'text'), f"--tokenizer={args.tokenizer}: "
+             f"a pretrained model's tokenizer prepares shakespeare, wikitext2 and text ({args.dataset} takes gpt2)"),
+            (args.tokenizer == 'char' and args.dataset != 'text',
+             f"--tokenizer=char is for text; {args.dataset} has its own _char dataset")):
+        if wrong:
+            raise UserError(message)
     name = args.name or (Path(args.input).stem if args.dataset == 'text' else args.dataset)
     if own_tokenizer and not args.name:  # beside the GPT-2 one, never over it
         name += '_' + Path(args.tokenizer).name.removesuffix('.gguf')

@@ -1,17 +1,17 @@
 """
-What train.py's loop stands on, one call each: the processes of a run (DDP under torchrun, and the faults that end
-it in one line), its folder (a lock, config.json, log.jsonl brought to the checkpoint), its checkpoint (everything an
-exact resume needs), its stop requests (Ctrl-C, SIGTERM) and the speed and ETA of its log lines.
+What train.py's loop stands on, one call each: the run's processes (DDP; faults in one line), its folder (a lock,
+config.json, log.jsonl), its checkpoint (all an exact resume needs), its stops (Ctrl-C, SIGTERM), speed and ETA.
 """
 
 import ast
 import json
+import math
 import os
 import shlex
 import signal
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict
 
 import torch
@@ -21,21 +21,17 @@ from tqdm import tqdm
 
 from common import UserError, WriteFailed, atomic_write, describe_os_error
 from model import OPERATOR_KEYS, in_corridor
-from sources import checkpoint_progress
+from sources import load_checkpoint, read_log
 
 
 class TrainingStopped(UserError):
-    """The run can't go on (a non-finite loss, a file it can't write, a DDP process gone); the last good checkpoint
-    is untouched."""
+    """The run can't go on (a non-finite loss, a file it can't write, a process gone); the last checkpoint stays."""
 
-
-# ---------------------------------------------------------------------------------------------- processes
 
 @contextmanager
 def processes(cfg):
-    """(ddp, rank, world, device) of this process: one, or each of torchrun's, its DDP group joined and, when the run
-    ends, left by every process together. A failed write (a full disk: the atomic writes left the old files whole)
-    or a lost DDP process ends the run in one line that names what survives and how to continue."""
+    """(ddp, rank, world, device) of this process, torchrun's DDP group joined and, at the end, left by all together.
+    A failed write (the atomic writes left the old files whole) or a lost process ends the run in one line."""
     device, cuda = cfg.device, cfg.device.startswith('cuda')
     if cuda and not torch.cuda.is_available():
         raise UserError(f"device={device!r} but CUDA is not available here (use --device=cpu)")
@@ -57,7 +53,9 @@ def processes(cfg):
     except Exception as e:
         if not (ddp and lost_a_process(e)):
             raise
-        raise TrainingStopped(f"rank {rank} of {world} lost another process of the run ({first_sentence(e)}); "
+        # gloo's first line without its source location: 'Read error [127.0.0.1]:49824: Connection reset by peer'
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0].split('] ', 1)[-1].split('. ')[0].rstrip('.')
+        raise TrainingStopped(f"rank {rank} of {world} lost another process of the run ({reason}); "
                               f"{resume_advice(cfg, world)}") from None
     if ddp:  # without the barrier, rank 1 once aborted at exit (gloo's threads) while rank 0 was still saving
         dist.barrier()
@@ -72,28 +70,19 @@ def wrap_ddp(model, device):
 
 
 def lost_a_process(e):
-    """Whether e is a collective failing because another process of the run is gone (killed, crashed): torch's
-    DistError family (NCCL), or gloo's 'Connection closed by peer' / 'reset by peer'."""
+    """A collective failing because another process is gone: torch's DistError (NCCL), or gloo's 'by peer'."""
     return isinstance(e, dist.DistError) or isinstance(e, RuntimeError) and any(s in str(e) for s in (
         'by peer', 'Broken pipe', 'remote worker', 'Socket Timeout', 'Connection refused'))
 
 
-def first_sentence(e):
-    """'Read error [127.0.0.1]:49824: Connection reset by peer' from gloo's multi-line message with its source
-    location in front."""
-    text = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    if text.startswith('[') and '] ' in text:
-        text = text.split('] ', 1)[1]
-    return text.split('. ')[0].rstrip('.')
-
-
 def resume_advice(cfg, world):
-    """What survives in the run folder and the command that continues from it, with the settings this run changed
-    from the checkpoint's (a resume with a new --max_iters that fails before its first save)."""
+    """What survives in the run folder and the command that continues it, with the settings changed since it saved."""
     ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
-    iter_num, saved = checkpoint_progress(ckpt_path)
-    if iter_num is None:
+    try:  # memory-mapped: its weights are not read
+        ckpt = load_checkpoint(ckpt_path, mmap=True)
+    except UserError:
         return "no checkpoint was saved yet: start the run again"
+    iter_num, saved = ckpt['iter_num'], ckpt['config']
     script = sys.argv[0] if sys.argv[0].endswith('train.py') else 'train.py'
     launch = f"torchrun --standalone --nproc_per_node={world} {script}" if world > 1 else f"python {script}"
     changed = [shlex.quote(f"--{key}={config_text(value)}") for key, value in vars(cfg).items()
@@ -103,41 +92,30 @@ def resume_advice(cfg, world):
 
 
 def config_text(value):
-    """value as --key=value spells it: bare strings unless they would read as another type."""
-    if not isinstance(value, str):
-        return repr(value)
+    """value as --key=value spells it: a bare string, unless it would read as another type (or is no string)."""
     try:
-        ast.literal_eval(value)
+        if isinstance(value, str):
+            ast.literal_eval(value)
         return repr(value)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return value
 
 
-# ---------------------------------------------------------------------------------------------- the run folder
-
 def open_run_folder(cfg, defaults, resumed, iter_num, held):
-    """Rank 0's run folder: locked for this run (held until it ends), log.jsonl brought to the checkpoint's iteration
-    (lines a crash left past it are written again) or, for a fresh run, an old run's checkpoints removed;
-    config.json written and named in one line with the keys that differ from train.py's defaults. Returns wandb
-    when wandb_log is on, else None. Called after every check of the run's input: bad input overwrites nothing."""
+    """Rank 0's run folder, after every check of the input (bad input overwrites nothing): locked until the run ends,
+    log.jsonl cut back to the checkpoint (a crash's later lines are written again) or an old run's checkpoints
+    removed, config.json written and named with the keys changed from train.py's defaults. Returns wandb or None."""
     ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
     if not resumed and os.path.exists(ckpt_path) and not cfg.overwrite:
         raise UserError(f"{ckpt_path} exists: continue it with --init_from=resume, pick another --out_dir, or pass "
                         f"--overwrite=True to start over")
     held.enter_context(claim_run_folder(cfg.out_dir))
-    log_path, kept = os.path.join(cfg.out_dir, 'log.jsonl'), []
-    if resumed:
-        for line in open(log_path) if os.path.exists(log_path) else []:
-            try:
-                if json.loads(line)['iter'] <= iter_num:
-                    kept.append(line)
-            except (json.JSONDecodeError, KeyError):
-                pass  # a line torn by a crash
-    else:  # a fresh run (maybe --overwrite): an old checkpoint, log or snapshots would mix two runs
+    kept = [json.dumps(e) + '\n' for e in read_log(cfg.out_dir) if e.get('iter', math.inf) <= iter_num] if resumed else []
+    if not resumed:  # a fresh run (maybe --overwrite): an old checkpoint, log or snapshots would mix two runs
         for name in os.listdir(cfg.out_dir):
             if name.startswith('ckpt') and name.endswith('.pt'):
                 os.remove(os.path.join(cfg.out_dir, name))
-    with atomic_write(log_path) as f:
+    with atomic_write(os.path.join(cfg.out_dir, 'log.jsonl')) as f:
         f.writelines(kept)
     with atomic_write(os.path.join(cfg.out_dir, 'config.json')) as f:
         json.dump(vars(cfg), f, indent=1)
@@ -156,9 +134,8 @@ def open_run_folder(cfg, defaults, resumed, iter_num, held):
 
 
 def claim_run_folder(out_dir):
-    """Hold an exclusive lock on out_dir until the returned file is closed, or fail in one line: two runs in one
-    folder would interleave log.jsonl and race for ckpt.pt. The OS drops the lock when the process dies (even by
-    kill -9), so a crashed run never leaves the folder locked."""
+    """An exclusive lock on out_dir, held until the returned file closes (two runs in one folder would interleave
+    log.jsonl and race for ckpt.pt), or one line; the OS drops it when the process dies, even by kill -9."""
     path = os.path.join(out_dir, 'train.lock')
     try:
         os.makedirs(out_dir, exist_ok=True)
@@ -175,36 +152,27 @@ def claim_run_folder(out_dir):
         owner = handle.read().strip() or 'another process'
         raise UserError(f"{out_dir} is in use by a run that is still training ({owner}): wait for it to finish, "
                         f"stop it, or pick another --out_dir") from None
-    try:
-        handle.truncate(0)
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
-    except OSError:
-        pass  # the pid only names the owner in the message above: a full disk is reported where it matters
+    with suppress(OSError):  # the pid only names the owner in the message above: a full disk shows where it matters
+        handle.truncate(0), handle.write(f"pid {os.getpid()}\n"), handle.flush()
     return handle
 
 
 def wandb_metrics(entry):
-    """A log.jsonl entry as flat wandb metrics: losses, lr, tokens, corridor occupancy, every head's γ/δ/c_I/c_P,
-    the walk geometry."""
+    """A log.jsonl entry as flat wandb metrics: losses, lr, tokens, occupancy, every head's scalars, the walk."""
     metrics = {'train/loss': entry['train_loss'], 'val/loss': entry['val_loss'], 'val/best': entry['best_val_loss'],
                'lr': entry['lr'], 'tokens': entry['tokens'],
                'corridor/occupancy': in_corridor(torch.tensor(entry['gamma'])).float().mean().item()}
-    for key in ('gamma', 'delta', 'c_I', 'c_P'):
-        for layer, heads in enumerate(entry[key]):
-            metrics.update({f'{key}/L{layer}H{head}': value for head, value in enumerate(heads)})
-    for part, diagnostics in entry.get('walk', {}).items():
-        for key, values in diagnostics.items():
-            metrics.update({f'walk_{part}/{key}/L{layer}': value for layer, value in enumerate(values)})
-    return metrics
+    metrics |= {f'{key}/L{layer}H{head}': value for key in ('gamma', 'delta', 'c_I', 'c_P')
+                for layer, heads in enumerate(entry[key]) for head, value in enumerate(heads)}
+    return metrics | {f'walk_{part}/{key}/L{layer}': value for part, diagnostics in entry.get('walk', {}).items()
+                      for key, values in diagnostics.items() for layer, value in enumerate(values)}
 
-
-# ---------------------------------------------------------------------------------------------- the checkpoint
 
 def checkpoint_state(model, optimizer, scaler, cfg, meta, progress, data_rng, device):
     """Everything a resumed run needs to continue exactly: weights, optimizer moments, config, progress, RNGs."""
-    return dict(model=saved_weights(model, cfg.train_only), weights=cfg.train_only, optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
-                model_args=asdict(model.config), config=vars(cfg), **progress, source=model.source,
+    return dict(model=saved_weights(model, cfg.train_only), weights=cfg.train_only, optimizer=optimizer.state_dict(),
+                scaler=scaler.state_dict(), model_args=asdict(model.config), config=vars(cfg), **progress,
+                source=model.source,
                 meta={k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos', 'tokenizer_source',
                                            'tokenizer_fingerprint') if k in meta},
                 rng=dict(torch=torch.get_rng_state(), data=data_rng.get_state(),
@@ -212,15 +180,13 @@ def checkpoint_state(model, optimizer, scaler, cfg, meta, progress, data_rng, de
 
 
 def saved_weights(model, train_only):
-    """The model's state dict, or with train_only='operator' its operator scalars only (2 kB instead of SmolLM2-135M's
-    540 MB: the frozen weights are the source's, which the checkpoint names)."""
+    """The state dict, or with train_only='operator' the scalars alone: the frozen weights are the source's."""
     state = model.state_dict()
     return {k: v for k, v in state.items() if '.coefficients.' in k} if train_only == 'operator' else state
 
 
 def restore_state(ckpt, optimizer, scaler, data_rng, cfg, device, rank):
-    """checkpoint_state's inverse for a resumed run: optimizer moments, grad scaler, RNGs; returns the progress.
-    The optimizer keeps the hyperparameters configured now, not the checkpoint's."""
+    """checkpoint_state's inverse: moments (under the hyperparameters configured now), scaler, RNGs; the progress."""
     fresh = [dict(g) for g in optimizer.param_groups]
     optimizer.load_state_dict(ckpt['optimizer'])  # restores the moments, and the old hyperparameters too:
     for group, new in zip(optimizer.param_groups, fresh):  # a resumed run uses the ones configured now
@@ -238,11 +204,8 @@ def restore_state(ckpt, optimizer, scaler, data_rng, cfg, device, rank):
     return progress
 
 
-# ---------------------------------------------------------------------------------------------- stops and speed
-
 class StopRequest:
-    """Ctrl-C / SIGTERM: finish this iteration, save, stop; a second signal aborts. The handler only records the
-    signal; the loop decides when to stop, so that under DDP every process stops at the same iteration."""
+    """Ctrl-C / SIGTERM: save at the end of the iteration (under DDP the same one everywhere); again: abort."""
 
     def __init__(self, master):
         self.seen, self.master, self.signum = False, master, None
@@ -256,21 +219,10 @@ class StopRequest:
         if self.master:
             tqdm.write("stopping after this iteration and saving a checkpoint (again to abort now)")
 
-    def exit_status(self):  # 128 + the signal's number, as a shell reports a process a signal ended
-        return 128 + (self.signum or signal.SIGTERM)  # (another DDP process may have seen the signal)
-
-
-def synchronized_time(device):
-    if device.startswith('cuda'):
-        torch.cuda.synchronize(device)
-    return time.time()
-
 
 class LogWindow:
-    """The training steps since the last log line: their summed loss, kept on the device and read only at a log
-    line (so the host never waits for the device in between), and their wall time, which leaves out the first,
-    compiling step and every evaluation; and the sitting's pace since that first step, evaluations included, for
-    the ETA."""
+    """The steps since the last log line: their summed loss, on the device until a log line reads it (the host never
+    waits in between), and their time without the first, compiling step and evaluations; the ETA's pace with them."""
 
     def __init__(self, device, max_iters, flops_per_iter, tokens_per_iter, world, peak):
         self.device, self.max_iters, self.world, self.peak = device, max_iters, world, peak
@@ -285,11 +237,13 @@ class LogWindow:
         self.t0, self.timed = time.time(), 0
 
     def step_done(self, iter_num):
-        """Count a finished step; returns the wall seconds since the previous one ended (evaluations included)."""
+        """Count a finished step; the wall seconds since the previous one ended (evaluations included)."""
         self.iters += 1
         if self.since is None:  # the first step of the sitting compiles: the clocks start after it
-            self.t0, self.timed = synchronized_time(self.device), 0
-            self.since = (self.t0, iter_num)
+            if self.device.startswith('cuda'):
+                torch.cuda.synchronize(self.device)
+            self.t0 = time.time()
+            self.timed, self.since = 0, (self.t0, iter_num)
         else:
             self.timed += 1
         now = time.time()
@@ -304,8 +258,7 @@ class LogWindow:
         return shared[0].item() / self.world / self.iters, shared[1].item() > 0
 
     def speed(self, iter_num):
-        """', N tok/s, mfu M%, T ms/iter, ETA E' ('' before any timed step). MFU per device: each process computes
-        1/world of the tokens against one device's peak. The ETA: the iterations left at the sitting's pace."""
+        """', N tok/s, mfu M%, T ms/iter, ETA E' ('' before a timed step): MFU per device, ETA at this sitting's pace."""
         if not self.timed:
             return ''
         now = time.time()
@@ -325,8 +278,7 @@ def duration(seconds):
 
 
 def finish(cfg, rank, world, stopped, save, wandb, progress, resumed, started):
-    """The end of the loop: wandb closed; a stopped run saved and its resume command named (exit 128 + the signal),
-    a finished one named with its checkpoint, log and the next commands (exit 0)."""
+    """After the loop: a stopped run saved, its resume named (exit 128 + the signal); a finished one's next commands."""
     if wandb:
         wandb.finish()
     if rank == 0 and stopped:
@@ -336,12 +288,12 @@ def finish(cfg, rank, world, stopped, save, wandb, progress, resumed, started):
         print(f"done: {progress['iter_num']} iterations in {duration(time.time() - started)}, best val loss "
               f"{progress['best_val_loss']:.4f}; {os.path.join(cfg.out_dir, 'ckpt.pt')}, log "
               f"{os.path.join(cfg.out_dir, 'log.jsonl')}. Next:\n" + '\n'.join(next_commands(cfg, resumed)))
-    return stopped.exit_status() if stopped else 0
+    # 128 + the signal's number, as a shell reports a process a signal ended (another DDP process may have seen it)
+    return 128 + (stopped.signum or signal.SIGTERM) if stopped else 0
 
 
 def next_commands(cfg, resumed):
-    """What to run after a finished run, as the README's quick start lists them: a sample, the same run with the
-    other of attention and corridor (not after a resume: its command line lacks the config), and the comparison."""
+    """The README's next commands: a sample, the other of attention / corridor (not after a resume), the comparison."""
     out = shlex.quote(cfg.out_dir)
     commands = [f"python sample.py --out_dir={out} --num_samples=3"]
     if not resumed:

@@ -1,7 +1,7 @@
 """
 Sample from a trained run (or from OpenAI's GPT-2).
 
-    python sample.py --out_dir=out-shakespeare-char-corridor
+    python sample.py --out_dir=out-shakespeare-char
     python sample.py --out_dir=out-owt-124m-corridor --start="The convex corridor" --num_samples=3
     python sample.py --init_from=gpt2 --start=FILE:prompt.txt
 
@@ -36,16 +36,15 @@ def main(argv):
     cfg = parse_config(DEFAULTS, argv, optional=('top_k',))
     model, meta = load_model(cfg['out_dir'] if cfg['init_from'] == 'resume' else cfg['init_from'])
     encode, decode = tokenizer_from_meta(meta)
-    for key in ('num_samples', 'max_new_tokens'):
-        if cfg[key] < 1:
-            raise UserError(f"{key} must be at least 1, got {cfg[key]}")
-    if cfg['temperature'] < 0:
-        raise UserError(f"temperature must be >= 0, got {cfg['temperature']}")
-    if cfg['top_k'] is not None and cfg['top_k'] < 1:
-        raise UserError(f"top_k must be at least 1 (or None for all tokens), got {cfg['top_k']}")
-    if cfg['dtype'] not in ('auto', 'float32', 'bfloat16', 'float16'):
-        raise UserError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")
-
+    for wrong, message in ((cfg['num_samples'] < 1, f"num_samples must be at least 1, got {cfg['num_samples']}"),
+                           (cfg['max_new_tokens'] < 1, f"max_new_tokens must be at least 1, got {cfg['max_new_tokens']}"),
+                           (cfg['temperature'] < 0, f"temperature must be >= 0, got {cfg['temperature']}"),
+                           (cfg['top_k'] is not None and cfg['top_k'] < 1,
+                            f"top_k must be at least 1 (or None for all tokens), got {cfg['top_k']}"),
+                           (cfg['dtype'] not in ('auto', 'float32', 'bfloat16', 'float16'),
+                            f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")):
+        if wrong:
+            raise UserError(message)
     start = cfg['start']
     if start.startswith('FILE:'):
         path = start[len('FILE:'):]
@@ -56,9 +55,7 @@ def main(argv):
     start_ids = encode(start)
     if not start_ids:
         raise UserError("the prompt is empty: give at least one token with --start")
-
-    device = cfg['device']
-    device_type = 'cuda' if device.startswith('cuda') else 'cpu'
+    device, device_type = cfg['device'], cfg['device'].split(':')[0]
     if device_type == 'cuda' and not torch.cuda.is_available():
         raise UserError(f"device={device!r} but CUDA is not available here (use --device=cpu)")
     dtype = resolve_dtype(cfg['dtype'], device)

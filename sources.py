@@ -1,7 +1,7 @@
 """
-What the scripts read: prepared data (Data), run folders (ckpt.pt, log.jsonl), and the models they come from, ours,
-OpenAI's GPT-2 as ours, or another pretrained causal LM through lab/hf.py, imported only when one is asked for
-(that module imports this repo's common.py and model.py, never this file); the tokenizer that goes with each.
+What the scripts read: prepared data, run folders (ckpt.pt, log.jsonl), and the models they hold or come from: ours,
+or a pretrained one (GPT-2 as ours, any other causal LM) through lab/hf.py, imported only when one is asked for (it
+imports common.py and model.py, never this file); and the tokenizer that goes with each.
 """
 
 import json
@@ -13,12 +13,9 @@ import torch
 from common import GPT2_NAMES, UserError, gpt2_encoding
 from model import GPT, OPERATOR_KEYS, GPTConfig, gamma_delta
 
-# ---------------------------------------------------------------------------------------------- prepared data
-
 
 class Data:
-    """data_root/dataset: meta.json and the token files train.bin and val.bin (uint16, or uint32 for a vocabulary
-    beyond 65,536: meta.json's dtype)."""
+    """data_root/dataset: meta.json, train.bin and val.bin (uint16 tokens, or meta.json's dtype: uint32)."""
 
     def __init__(self, data_root, dataset, block_size, batch_size, device):
         self.dir, self.block_size, self.batch_size, self.device = \
@@ -47,8 +44,7 @@ class Data:
                                 f"has {size // self.dtype.itemsize}")
             self.n_tokens[split] = size // self.dtype.itemsize
 
-    def offsets(self, split, count, generator):
-        """[count, batch_size] random start positions."""
+    def offsets(self, split, count, generator):  # [count, batch_size] random start positions
         return torch.randint(self.n_tokens[split] - self.block_size, (count, self.batch_size), generator=generator)
 
     def batch(self, split, offsets):
@@ -63,8 +59,7 @@ class Data:
 
 
 def tokenizer_from_meta(meta):
-    """(encode, decode) for a dataset's meta.json dict: 'char' (its itos list), 'gpt2', or a pretrained model's own
-    ('hf', prepare.py --tokenizer=SOURCE)."""
+    """(encode, decode) for a meta.json dict: 'char' (its itos), 'gpt2', or 'hf' (a pretrained model's own)."""
     if meta['tokenizer'] == 'char':
         itos = meta['itos']
         stoi = {c: i for i, c in enumerate(itos)}
@@ -83,8 +78,7 @@ def tokenizer_from_meta(meta):
 
 
 def check_tokenizer(model, meta, data_dir):
-    """Data (its meta.json dict) must be tokenized as the model reads: the same vocabulary size for our GPT, the same
-    tokenizer (its fingerprint, prepare.py --tokenizer=SOURCE) for a pretrained transformers model."""
+    """The data must be tokenized as the model reads: our GPT's vocabulary size, a pretrained model's tokenizer."""
     if isinstance(model, GPT):
         if model.config.vocab_size != meta['vocab_size']:
             raise UserError(f"the model's vocabulary ({model.config.vocab_size}) does not match the data's "
@@ -96,57 +90,22 @@ def check_tokenizer(model, meta, data_dir):
                         f"with it, e.g. `python prepare.py {meta.get('dataset', 'wikitext2')} --tokenizer={model.source}`")
 
 
-# ---------------------------------------------------------------------------------------------- models
-
 def is_gpt2(source):
     """A GPT-2 name, or a local folder saved by `transformers` whose config.json says model_type 'gpt2'."""
-    if source in GPT2_NAMES:
-        return True
     try:
         with open(os.path.join(source, 'config.json')) as f:
-            return json.load(f).get('model_type') == 'gpt2'
+            return source in GPT2_NAMES or json.load(f).get('model_type') == 'gpt2'
     except (OSError, ValueError, AttributeError):
-        return False
-
-
-def gpt2(model_type, **overrides):
-    """OpenAI's GPT-2 weights (a name in GPT2_NAMES or a local transformers folder) in our GPT, through `transformers`.
-    overrides: dropout and the operator keys (at γ0 = 0, δ0 = 1 every form computes exactly GPT-2)."""
-    architecture = {'block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'bias'} & set(overrides)
-    if architecture:
-        raise UserError(f"GPT-2's architecture is fixed by its weights: cannot override {sorted(architecture)}")
-    from transformers import GPT2LMHeadModel  # only needed here
-    try:
-        hf = GPT2LMHeadModel.from_pretrained(model_type)
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot load GPT-2 weights {model_type!r}: {str(e).splitlines()[0]} (no network? pass a "
-                        f"local folder saved with save_pretrained)") from None
-    c = hf.config
-    model = GPT(GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
-                          n_embd=c.n_embd, bias=True, **overrides))
-    ours, copied = model.state_dict(), set()
-    transposed = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')  # Conv1D
-    with torch.no_grad():
-        for key, value in hf.state_dict().items():
-            if key.endswith(('.attn.masked_bias', '.attn.bias')) or key == 'lm_head.weight':
-                continue  # causal-mask buffers; lm_head is tied to wte
-            value = value.t() if key.endswith(transposed) else value
-            target = ours[key][:value.size(0)] if key == 'transformer.wte.weight' else ours[key]  # padded vocabulary
-            assert target.shape == value.shape, f"{key}: ours {tuple(target.shape)}, GPT-2 {tuple(value.shape)}"
-            target.copy_(value)
-            copied.add(key)
-    missing = [k for k in ours if k not in copied and '.coefficients.' not in k and k != 'lm_head.weight']
-    assert not missing, f"not in the GPT-2 checkpoint: {missing}"
-    return model
+        return source in GPT2_NAMES
 
 
 def load_model(source, **overrides):
-    """(model, meta) from a run folder (its ckpt.pt), OpenAI's GPT-2 (a name or a local transformers folder) as our
-    GPT, or another pretrained causal LM (lab.hf.PretrainedLM: a packaged model, a .gguf file, a transformers folder
-    or hub name; lab/hf.py names every kind when a source is none of them). meta names the tokenizer as a dataset's
-    meta.json does. overrides: keys that carry no weights (dropout; for a pretrained model the operator keys)."""
+    """(model, meta as a meta.json names its tokenizer) of a run folder, GPT-2 (as our GPT) or another pretrained causal
+    LM (a packaged model, .gguf file, transformers folder, hub name: lab/hf.py names each when a source is none).
+    overrides: keys that carry no weights (dropout; a pretrained model's operator keys)."""
     if is_gpt2(source):
-        return gpt2(source, **overrides), dict(tokenizer='gpt2', vocab_size=50257)
+        from lab import hf
+        return hf.gpt2(source, **overrides), dict(tokenizer='gpt2', vocab_size=50257)
     if os.path.isfile(os.path.join(source, 'ckpt.pt')):
         ckpt = load_checkpoint(os.path.join(source, 'ckpt.pt'))
         return model_from_checkpoint(ckpt, **overrides), ckpt['meta']
@@ -154,11 +113,8 @@ def load_model(source, **overrides):
     return hf.load_pretrained(source, **{k: v for k, v in overrides.items() if k != 'dropout'})
 
 
-# ---------------------------------------------------------------------------------------------- checkpoints
-
 def load_checkpoint(path, map_location='cpu', mmap=False):
-    """A checkpoint dict, loaded with weights_only=True (no code runs from the file); mmap: tensors are read from
-    the file only when used."""
+    """A checkpoint dict, weights_only (no code runs from the file); mmap: tensors read only when used."""
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}")
     try:
@@ -171,31 +127,18 @@ def load_checkpoint(path, map_location='cpu', mmap=False):
     return ckpt
 
 
-def checkpoint_progress(path):
-    """(iteration, config) of a checkpoint file, or (None, None) when there is none or it is unreadable.
-    Memory-mapped: the weights are not read."""
-    try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
-        return int(ckpt['iter_num']), dict(ckpt.get('config', {}))
-    except Exception:
-        return None, None
-
-
 def model_from_checkpoint(ckpt, **overrides):
-    """The model a checkpoint holds (weights loaded, train mode): our GPT, or a pretrained model rebuilt from its
-    source. overrides: GPTConfig keys that carry no weights (dropout, operator_lr_mult). A checkpoint of
-    weights='operator' (train.py --train_only=operator) holds only the operator's scalars; the frozen weights come
-    from the source again."""
+    """The model a checkpoint holds: our GPT, or a pretrained one rebuilt from its source (with weights='operator' the
+    checkpoint holds the scalars alone). overrides: keys without weights (dropout, operator_lr_mult)."""
     args = {**ckpt['model_args'], **overrides}
     source, weights = ckpt.get('source'), ckpt.get('weights', 'all')
     operator = {key: args[key] for key in OPERATOR_KEYS}
-    if source is not None and not is_gpt2(source):
-        from lab import hf
-        model, _ = hf.load_pretrained(source, **operator)
-    elif weights == 'operator':
-        model = gpt2(source, dropout=args['dropout'], **operator)
-    else:
+    if source is None or weights == 'all' and is_gpt2(source):  # (a fine-tuned GPT-2: every weight in the file)
         model = GPT(GPTConfig(**args))
+    else:
+        from lab import hf
+        model = hf.gpt2(source, dropout=args['dropout'], **operator) if is_gpt2(source) else \
+            hf.load_pretrained(source, **operator)[0]
     state = {k.removeprefix('_orig_mod.'): v for k, v in ckpt['model'].items()}  # saved from a compiled model
     if weights == 'operator':
         missing, unexpected = model.load_state_dict(state, strict=False)
@@ -205,8 +148,6 @@ def model_from_checkpoint(ckpt, **overrides):
         model.load_state_dict(state)
     return model
 
-
-# ---------------------------------------------------------------------------------------------- run folders
 
 def read_log(out_dir):
     """log.jsonl's entries, one per evaluation; a line torn by a crash is skipped."""
@@ -220,23 +161,16 @@ def read_log(out_dir):
 
 
 def load_run(out_dir):
-    """A run folder: its name, config, log entries, final (γ, δ), the series (iter, γ, δ) at every evaluation, the
-    model's parameter counts, the source of a pretrained model, and the wall seconds it trained.
-
-    γ and δ come from log.jsonl, which holds every head's at every evaluation; the checkpoint gives the config and
-    progress (memory-mapped: its weights are not read), and is rebuilt into a model only for what the log lacks: a
-    run stopped after its last evaluation, and a pretrained model's size."""
+    """A run folder: name, config, log, final (γ, δ), the (iter, γ, δ) series, parameter counts, source, seconds. The
+    checkpoint (memory-mapped) makes a model only for what log.jsonl lacks (a stop after the last eval; a size)."""
     if not os.path.isdir(out_dir):
         raise UserError(f"no run folder {out_dir!r}")
     ckpt = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), mmap=True)
     log = read_log(out_dir)
     series = [(e['iter'], torch.tensor(e['gamma']), torch.tensor(e['delta'])) for e in log if 'gamma' in e]
-    model = None
-    if series and series[-1][0] == ckpt['iter_num']:
-        gamma, delta = series[-1][1:]
-    else:  # stopped after its last evaluation (Ctrl-C), or a log lost: the checkpoint's own scalars
-        model = model_from_checkpoint(ckpt)
-        gamma, delta = gamma_delta(model.operator_coefficients())
+    # stopped after its last evaluation (Ctrl-C), or a log lost: the checkpoint's own scalars
+    model = None if series and series[-1][0] == ckpt['iter_num'] else model_from_checkpoint(ckpt)
+    gamma, delta = series[-1][1:] if model is None else gamma_delta(model.operator_coefficients())
     if ckpt.get('source') is None or is_gpt2(ckpt['source']):
         with torch.device('meta'):  # our GPT's parameters counted without allocating them
             counted = GPT(GPTConfig(**ckpt['model_args']))

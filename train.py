@@ -6,10 +6,9 @@ Train a GPT whose attention heads use one operator of the family in model.py.
     torchrun --standalone --nproc_per_node=8 train.py configs/owt_gpt2_124m.py --operator=corridor   # DDP, one node
     python train.py --init_from=resume --out_dir=out-owt-124m          # continue a stopped run exactly
 
-Every key of DEFAULTS can be set by a config file (plain Python, `key = value`) and by `--key=value`, in that
-order. The run folder gets config.json, log.jsonl (one line per evaluation, with every head's γ/δ) and ckpt.pt.
-Ctrl-C (or SIGTERM) finishes the current iteration, saves a checkpoint and stops; a second Ctrl-C aborts.
-Around the loop, one call each, run.py: the processes (DDP), the run folder, checkpoints, stops, speed and ETA.
+Every key of DEFAULTS can be set by a config file (plain Python, `key = value`), then by `--key=value`. The run
+folder gets config.json, log.jsonl (a line per evaluation, every head's γ/δ) and ckpt.pt. Ctrl-C (or SIGTERM) saves
+at the end of the iteration and stops; a second aborts. Around the loop, one call each: run.py.
 """
 
 import json
@@ -92,8 +91,7 @@ HINTS = dict(vocab_size="vocab_size comes from the data's meta.json, and the mod
 
 
 def resolve_config(argv):
-    """(cfg, checkpoint or None). A resumed run starts from its saved config, so only what changes needs saying,
-    and its architecture can't change under the checkpoint."""
+    """(cfg, checkpoint or None): a resume starts from its saved config, its architecture fixed."""
     config, ckpt = parse_config(DEFAULTS, argv, hints=HINTS), None
     if config['init_from'] == 'resume':
         ckpt = load_checkpoint(os.path.join(config['out_dir'], 'ckpt.pt'))
@@ -111,18 +109,19 @@ def resolve_config(argv):
         if getattr(cfg, key) < 1:
             raise UserError(f"{key} must be at least 1, got {getattr(cfg, key)}")
     kind, _, index = cfg.device.partition(':')
+    dtypes = ('auto', 'float32', 'bfloat16', 'float16')
     for wrong, message in (
             (min(cfg.max_iters, cfg.snapshot_interval, cfg.warmup_iters, cfg.walk_interval) < 0,
              "max_iters, snapshot_interval, warmup_iters and walk_interval must be >= 0"),
             (cfg.walk_interval % cfg.eval_interval, f"walk_interval={cfg.walk_interval} must be a multiple of "
-                                                    f"eval_interval={cfg.eval_interval} (the geometry is logged at evaluations)"),
-            (cfg.decay_lr and cfg.lr_decay_iters <= cfg.warmup_iters, f"lr_decay_iters={cfg.lr_decay_iters} must exceed "
-                                                                      f"warmup_iters={cfg.warmup_iters} (or --decay_lr=False)"),
-            (cfg.sdpa_backend not in SDPA_BACKENDS, f"sdpa_backend must be one of {', '.join(SDPA_BACKENDS)}, got "
-                                                    f"{cfg.sdpa_backend!r}"),
-            (cfg.dtype not in ('auto', 'float32', 'bfloat16', 'float16'),
-             f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}"),
-            (cfg.train_only not in ('all', 'operator'), f"train_only must be 'all' or 'operator', got {cfg.train_only!r}"),
+             f"eval_interval={cfg.eval_interval} (the geometry is logged at evaluations)"),
+            (cfg.decay_lr and cfg.lr_decay_iters <= cfg.warmup_iters, f"lr_decay_iters={cfg.lr_decay_iters} must "
+             f"exceed warmup_iters={cfg.warmup_iters} (or --decay_lr=False)"),
+            (cfg.sdpa_backend not in SDPA_BACKENDS,
+             f"sdpa_backend must be one of {', '.join(SDPA_BACKENDS)}, got {cfg.sdpa_backend!r}"),
+            (cfg.dtype not in dtypes, f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}"),
+            (cfg.train_only not in ('all', 'operator'),
+             f"train_only must be 'all' or 'operator', got {cfg.train_only!r}"),
             (cfg.train_only == 'operator' and cfg.init_from == 'scratch',
              "train_only='operator' freezes pretrained weights: give --init_from=SOURCE (gpt2, smollm2-135m, a .gguf "
              "file or a transformers folder)"),
@@ -133,8 +132,7 @@ def resolve_config(argv):
     return cfg, ckpt
 
 
-# small known datasets (about 1 MB of text) that train.py prepares itself when their folder is missing, so that the
-# quick start is one command; the others (OpenWebText: ~17 GB) need their explicit `python prepare.py NAME`
+# small known datasets (~1 MB of text) prepared when missing, so the quick start is one command (OpenWebText: 17 GB)
 PREPARED_ON_DEMAND = ('shakespeare_char', 'shakespeare')
 
 
@@ -202,9 +200,8 @@ def get_lr(it, cfg):
 
 @torch.no_grad()
 def estimate_loss(model, data, cfg, autocast, rank, world):
-    """Mean loss over eval_iters batches per split. The batches are the same at every evaluation, and in every run
-    with the same seed and data, so curves and variants compare without sampling noise. Under DDP each process
-    evaluates its share; `model` is never the DDP wrapper, so a process without a share has nothing to wait for."""
+    """Mean loss over eval_iters batches per split, the same batches at every evaluation and in every run of a seed
+    (curves and variants compare without sampling noise). Under DDP each process evaluates its share."""
     model.eval()
     out = {}
     for i, split in enumerate(('train', 'val')):
@@ -229,7 +226,8 @@ def operator_summary(model):
         return ''
     gamma, delta = gamma_delta(model.operator_coefficients())
     deep, any_ = (in_corridor(gamma, below).float().mean().item() for below in (CLAIM_B, 0.0))
-    return f" | γ̄ {gamma.mean():+.3f} δ̄ {delta.mean():.3f}, heads at −1 < γ < −{-CLAIM_B:g}: {deep:.0%} (γ < 0: {any_:.0%})"
+    return f" | γ̄ {gamma.mean():+.3f} δ̄ {delta.mean():.3f}, heads at −1 < γ < −{-CLAIM_B:g}: {deep:.0%} " \
+           f"(γ < 0: {any_:.0%})"
 
 
 def log_evaluation(cfg, iter_num, lr, losses, model, progress, data, wandb, save):
@@ -243,8 +241,8 @@ def log_evaluation(cfg, iter_num, lr, losses, model, progress, data, wandb, save
                  best_val_loss=progress['best_val_loss'], lr=lr, gamma=gamma.tolist(), delta=delta.tolist(),
                  c_I=coefficients[..., 0].tolist(), c_P=coefficients[..., 1].tolist())
     if cfg.walk_interval and iter_num % cfg.walk_interval == 0:
-        from lab.connection import walk_geometry  # only a run with walk_interval > 0 needs the lab
-        entry['walk'] = walk_geometry(model, walk_sequences(cfg, data))
+        from lab.connection import walk_geometry, walk_sequences  # only a run with walk_interval > 0 needs the lab
+        entry['walk'] = walk_geometry(model, walk_sequences(data, cfg.walk_seqs, cfg.seed))
     tqdm.write(f"eval {iter_num}/{cfg.max_iters}: train {losses['train']:.4f}, val {losses['val']:.4f} (best "
                f"{progress['best_val_loss']:.4f}){operator_summary(model)}")
     append_line(os.path.join(cfg.out_dir, 'log.jsonl'), json.dumps(entry))
@@ -256,21 +254,12 @@ def log_evaluation(cfg, iter_num, lr, losses, model, progress, data, wandb, save
         save(os.path.join(cfg.out_dir, f'ckpt_{iter_num:07d}.pt'))
 
 
-def walk_sequences(cfg, data):
-    """The connection walk's fixed validation sequences (walk_interval): the paper's 64 tokens, drawn from a
-    generator of their own, the same at every evaluation, so that logging the walk changes no batch of the run."""
-    offsets = torch.randint(data.n_tokens['val'] - cfg.block_size, (cfg.walk_seqs,),
-                            generator=torch.Generator().manual_seed(cfg.seed + 2000))
-    return data.batch('val', offsets)[0][:, :min(64, cfg.block_size)]
-
-
 # ------------------------------------------------------------------------------------------------------------
 # the run
 
 def build_training(cfg, data, data_rng, ckpt, rank, device, dtype, autocast, held):
-    """(model, optimizer, grad scaler, progress), a resumed run's restored from its checkpoint. The model is built
-    from one seed on every rank: DDP broadcasts rank 0's parameters, not the fixed operator scalars, which are
-    buffers (and may be drawn: init_spread); then each rank reseeds for its own dropout masks."""
+    """(model, optimizer, grad scaler, progress), a resume's restored. Built from one seed on every rank (DDP does not
+    broadcast the fixed scalars: buffers, maybe drawn); then each rank reseeds for its own dropout masks."""
     model = build_model(cfg, data, ckpt).to(device)
     if rank > 0:
         torch.manual_seed(cfg.seed + rank)

@@ -1,7 +1,8 @@
 """
-The research lab beside the core: every tool here imports the core (model.py, train.py, common.py, analyze.py),
-never the other way round, except lazily where a run asks for it (a pretrained source: common.transformers_side;
-walk_interval: train.walk_geometry). Each tool is run from the repository root as `python -m lab.<tool>`.
+The research lab beside the core: every tool here imports the core (model.py, common.py, sources.py, analyze.py,
+train.py's DEFAULTS), never the other way round but lazily, where a run asks for it: a pretrained source
+(sources.py reaches lab/hf.py) and walk_interval (train.py reaches lab/connection.py), and a run's logged walk
+(analyze.py reaches lab/figures.py). Each tool is run from the repository root as `python -m lab.<tool>`.
 
     connection.py   the connection-walk math: A_eff, transports, drift, δ_orth, Gram dominance
     walk.py         its command line: any model over a text, per-layer tables and plots      python -m lab.walk
@@ -12,4 +13,5 @@ walk_interval: train.walk_geometry). Each tool is run from the repository root a
     studies.py      the studies' table: variants, settings, studies
     stats.py        paired t-tests, Holm, power (scipy.stats)
     reports.py      each study's report: tables, claim lines and figures
+    figures.py      the lab's matplotlib setup, and the walk's figure over training (analyze.py's walk.png too)
 """

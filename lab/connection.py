@@ -325,6 +325,14 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
     return out
 
 
+def walk_sequences(data, count, seed):
+    """The walk's fixed validation sequences for a run (sources.Data): the paper's 64 tokens (or block_size), drawn
+    from a generator of their own, the same at every evaluation, so that logging the walk changes no batch."""
+    offsets = torch.randint(data.n_tokens['val'] - data.block_size, (count,), generator=torch.Generator().manual_seed(
+        seed + 2000))
+    return data.batch('val', offsets)[0][:, :min(64, data.block_size)]
+
+
 def walk_geometry(model, idx):
     """Per-layer diagnostics for train.py's log.jsonl (walk_interval): of the attention part, and for the operator
     family also of the full operator c_I·I + c_P·P. Never on the training path: the math path, in eval mode, on

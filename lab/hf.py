@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from common import GPT2_NAMES, UserError, model_config
 from lab.connection import TextCodec, WalkLayer
-from model import GPT, OperatorCoefficients, next_token
+from model import GPT, GPTConfig, OperatorCoefficients, next_token
 
 
 class Family(NamedTuple):
@@ -557,6 +557,38 @@ class PretrainedLM(torch.nn.Module):
         return idx
 
 
+def gpt2(model_type, **overrides):
+    """OpenAI's GPT-2 weights (a name in common.GPT2_NAMES or a local transformers folder) in our GPT, model.py's own
+    (sources.load_model reads GPT-2 this way). overrides: dropout and the operator keys (at γ0 = 0, δ0 = 1 every form
+    computes exactly GPT-2)."""
+    architecture = {'block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'bias'} & set(overrides)
+    if architecture:
+        raise UserError(f"GPT-2's architecture is fixed by its weights: cannot override {sorted(architecture)}")
+    from transformers import GPT2LMHeadModel  # only needed here
+    try:
+        hf = GPT2LMHeadModel.from_pretrained(model_type)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot load GPT-2 weights {model_type!r}: {str(e).splitlines()[0]} (no network? pass a "
+                        f"local folder saved with save_pretrained)") from None
+    c = hf.config
+    model = GPT(GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
+                          n_embd=c.n_embd, bias=True, **overrides))
+    ours, copied = model.state_dict(), set()
+    transposed = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')  # Conv1D
+    with torch.no_grad():
+        for key, value in hf.state_dict().items():
+            if key.endswith(('.attn.masked_bias', '.attn.bias')) or key == 'lm_head.weight':
+                continue  # causal-mask buffers; lm_head is tied to wte
+            value = value.t() if key.endswith(transposed) else value
+            target = ours[key][:value.size(0)] if key == 'transformer.wte.weight' else ours[key]  # padded vocabulary
+            assert target.shape == value.shape, f"{key}: ours {tuple(target.shape)}, GPT-2 {tuple(value.shape)}"
+            target.copy_(value)
+            copied.add(key)
+    missing = [k for k in ours if k not in copied and '.coefficients.' not in k and k != 'lm_head.weight']
+    assert not missing, f"not in the GPT-2 checkpoint: {missing}"
+    return model
+
+
 def load_pretrained(source, **operator_keys):
     """(PretrainedLM, meta) for a causal LM source (a transformers folder, hub name, .gguf file or packaged model)
     with the operator of operator_keys (model.OPERATOR_KEYS; dropout is the model's own). meta names the tokenizer as
@@ -624,6 +656,22 @@ def tokenizer_fingerprint(tokenizer):
     import hashlib
     vocabulary = json.dumps(sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]), ensure_ascii=False)
     return hashlib.sha256(vocabulary.encode()).hexdigest()[:16]
+
+
+def data_tokenizer(source):
+    """(encode, vocab_size, meta.json entries) of a source's own tokenizer, for prepare.py --tokenizer=SOURCE."""
+    from tqdm import tqdm
+    tokenizer = load_tokenizer(source)
+    vocab_size = max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
+
+    def encode(text):  # line by line: a progress bar, and no single 1 MB call
+        lines = text.splitlines(keepends=True)
+        return [i for line in tqdm(lines, desc='tokenizing', unit='line', mininterval=1, leave=False)
+                for i in tokenizer(line, add_special_tokens=False)['input_ids']]
+    meta = dict(tokenizer_source=source, tokenizer_fingerprint=tokenizer_fingerprint(tokenizer))
+    if tokenizer.eos_token_id is not None:
+        meta['eot_token'] = tokenizer.eos_token_id
+    return encode, vocab_size, meta
 
 
 def hf_codec(source):

@@ -92,7 +92,7 @@ MUTANTS = [
            k('test_train.py', 'sigterm')),
     Mutant('second_signal_ignored', 'run.py', 'raise KeyboardInterrupt', 'return',
            k('test_train.py', 'second_signal')),
-    Mutant('stale_log_lines_kept', 'run.py', "if json.loads(line)['iter'] <= iter_num:", 'if True:',
+    Mutant('stale_log_lines_kept', 'run.py', "if e.get('iter', math.inf) <= iter_num]", "if True]",
            k('test_train.py', 'drops_log_lines')),
     Mutant('eval_only_goes_on_training', 'train.py', 'if cfg.eval_only:', 'if False:',
            k('test_train.py', 'eval_only')),

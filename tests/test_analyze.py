@@ -136,8 +136,6 @@ def test_bad_input_is_one_line(tmp_path):
     assert_one_line_error(run_script('analyze.py', 'nowhere', cwd=tmp_path), "no run folder 'nowhere'")
     (tmp_path / 'empty').mkdir()
     assert_one_line_error(run_script('analyze.py', 'empty', cwd=tmp_path), 'no checkpoint at')
-    assert_one_line_error(run_script('analyze.py', '--diagnostics', 'empty', cwd=tmp_path),  # lab/walk.py's old name
-                          "python -m lab.walk empty")
 
 
 def test_a_run_with_walk_geometry_gets_its_plot_and_the_series_read_back_exactly(trained_run, tmp_path):

@@ -144,9 +144,13 @@ def test_an_interrupted_prepare_leaves_no_complete_looking_output(tmp_path, monk
     prepare.main()  # a complete earlier output
     before = {p.name: p.read_bytes() for p in (tmp_path / 'data' / 'corpus').iterdir()}
 
-    def crash(*args, **kwargs):  # dies after train.bin and val.bin were written, before meta.json
-        raise KeyboardInterrupt
-    monkeypatch.setattr(prepare, 'write_meta', crash)
+    write_text = prepare.Path.write_text
+
+    def crash(path, *args, **kwargs):  # dies after train.bin and val.bin were written, at meta.json
+        if path.name == 'meta.json':
+            raise KeyboardInterrupt
+        return write_text(path, *args, **kwargs)
+    monkeypatch.setattr(prepare.Path, 'write_text', crash)
     (tmp_path / 'a.txt').write_text(synthetic_text(300, seed=5))
     with pytest.raises(KeyboardInterrupt):
         prepare.main()

@@ -707,6 +707,29 @@ def test_the_frozen_curve_evaluates_train_pys_batches_at_each_fixed_gamma_and_co
     assert sorted(saved['losses']) == ['+0'] and len(saved['losses']['+0']) == 2  # other batches: a fresh file
 
 
+def test_the_frozen_curve_evaluates_as_a_run_does_under_bf16_autocast_and_lets_go_of_the_model(tiny_frozen, tmp_path,
+                                                                                              monkeypatch):
+    """The run's device and dtype, autocast on: γ = 0 is a bf16 run's iteration-0 loss (not a float32 evaluation's),
+    and no model is left alive in the sweep's process when the curve is done (the runs need the device's memory)."""
+    import gc
+    import weakref
+    root, config = tiny_frozen
+    monkeypatch.setitem(studies.SETTINGS, 'tiny/operator', (str(config), dict()))
+    loaded, real = [], sweep.hf.load_pretrained
+
+    def load(*args, **kwargs):
+        model, meta = real(*args, **kwargs)
+        loaded.append(weakref.ref(model))
+        return model, meta
+    monkeypatch.setattr(sweep.hf, 'load_pretrained', load)
+    losses, _ = sweep.frozen_gamma_losses('tiny/operator', str(tmp_path), gammas=(0.0,), train_args=['--dtype=bfloat16'])
+    bf16 = iteration0_val_loss(root, config, tmp_path / 'bf16', '--dtype=bfloat16')
+    assert statistics.fmean(losses[0.0]) == pytest.approx(bf16, rel=1e-6)
+    assert bf16 != pytest.approx(iteration0_val_loss(root, config, tmp_path / 'fp32'), rel=1e-6)  # bf16 shows
+    gc.collect()
+    assert len(loaded) == 1 and loaded[0]() is None
+
+
 def pretrained_run(first, last, gamma, seconds):
     log = [dict(iter=i, tokens=i * 1000, val_loss=v, gamma=[[g] * 2] * 3) for i, v, g in
            ((0, first, 0.0), (5, (first + last) / 2, gamma / 2), (10, last, gamma))]
