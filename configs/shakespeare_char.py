@@ -1,5 +1,5 @@
 # A 0.8M-parameter character-level GPT on Tiny Shakespeare: val loss ~1.9 in about 4 minutes on 2 CPU cores.
-#   python train.py configs/shakespeare_char.py --operator=corridor --out_dir=out-shakespeare-char-corridor
+#   python train.py configs/shakespeare_char.py --operator=corridor             # -> out-shakespeare-char/
 # (train.py runs `python prepare.py shakespeare_char` first when data/shakespeare_char is missing; offline, prepare
 # it yourself from a local copy: python prepare.py shakespeare_char --input path/to/tinyshakespeare.txt)
 # Any operator of model.py's table is one --operator=... (and its keys) away; lab/sweep.py's VARIANTS names the

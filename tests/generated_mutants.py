@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mutants import REPO, copy_repo  # noqa: E402
 
-MODEL_TESTS = ('tests/test_model.py', '-k', 'not compiled and not activations and not gpt2')
+MODEL_TESTS = ('tests/test_model.py', '-k', 'not compiled and not activation and not gpt2')
 QUICK = ('learning_rate or same_batches or grad_clip or best_val_loss or gradient_accumulation or batch_targets or '
          'estimate_loss or each_step_uses or evaluations_fall')
 TRAIN_QUICK = ('tests/test_train.py', '-k', QUICK)
@@ -74,7 +74,7 @@ TARGETS = [
     ('train.py', 'optimizer_step', None, TRAIN_STEP),
     ('run.py', 'checkpoint_state', None, TRAIN_RESUME),
     ('run.py', 'restore_state', None, TRAIN_RESUME),
-    ('sample.py', 'main', ("device = cfg['device']", "print('---------------')"), ('tests/test_sample.py',)),
+    ('sample.py', 'main', ("device, device_type = cfg['device']", "print('---------------')"), ('tests/test_sample.py',)),
     ('lab/probe.py', 'sequences', None, ('tests/test_probe.py',)),
     ('lab/probe.py', 'probe', None, ('tests/test_probe.py',)),
     ('lab/probe.py', 'compare', None, ('tests/test_probe.py',)),

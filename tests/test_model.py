@@ -346,7 +346,7 @@ def saved_activation_bytes(model, idx):
     return sum(storages.values())
 
 
-@pytest.mark.parametrize('compiled', [False, True])
+@pytest.mark.parametrize('compiled', [False, True], ids=['eager', 'compiled'])
 def test_corridor_keeps_one_activation_per_layer_more_than_attention_at_most(compiled):
     """The cost of the plain operator line: autograd keeps its sum for c_proj's backward, one [B, T, C] float32
     activation per layer beyond what attention keeps (SDPA keeps V and P·V anyway), and a few [n_head] vectors of
@@ -675,7 +675,7 @@ def training_losses(module, compiled=False, steps=3):
     return losses
 
 
-@pytest.mark.parametrize('compiled', [False, True])
+@pytest.mark.parametrize('compiled', [False, True], ids=['eager', 'compiled'])
 def test_editing_the_operator_line_changes_what_trains(tmp_path, compiled):
     """The line a reader meets is the line training runs, on the fast path (eager and compiled): 2·c_P instead of
     c_P changes the training loss from the first step, and the unedited copy trains exactly as model.py does."""
