@@ -136,8 +136,9 @@ def setting_figures(setting, loaded, summary, out):
     plot_sweep_losses(loaded, variants, os.path.join(folder, 'val_loss.png'), setting)
     learnable = {v: dict(layers=[dict(layer=i, occupancy=x) for i, x in enumerate(e['occupancy_by_layer'])])
                  for v, e in summary.items() if e['operator_scalars']}
+    attention = [v for v, e in summary.items() if not e['operator_scalars']]  # named in the figures, as analyze.py's
     if learnable:
-        plot_occupancy(learnable, os.path.join(folder, 'occupancy.png'))
+        plot_occupancy(learnable, os.path.join(folder, 'occupancy.png'), attention=attention)
     for v in variants:
         if v.startswith('corridor') and loaded[(v, summary[v]['seeds'][0])]['log']:
             seed = summary[v]['seeds'][0]
@@ -146,7 +147,7 @@ def setting_figures(setting, loaded, summary, out):
         seeds = summary['corridor']['seeds']
         plot_gamma_delta({f'corridor, {len(seeds)} seeds': tuple(torch.cat([loaded[('corridor', s)][k] for s in seeds], 1)
                                                                 for k in ('gamma', 'delta'))},
-                         os.path.join(folder, 'gamma_delta.png'))
+                         os.path.join(folder, 'gamma_delta.png'), attention=attention)
 
 
 def claims_figures(results, out, tests, study):
