@@ -41,11 +41,11 @@ from mutants import REPO, copy_repo  # noqa: E402
 
 MODEL_TESTS = ('tests/test_model.py', '-k', 'not compiled and not activation and not gpt2')
 QUICK = ('learning_rate or same_batches or grad_clip or best_val_loss or gradient_accumulation or batch_targets or '
-         'estimate_loss or each_step_uses or evaluations_fall')
+         'estimate_loss or each_step_uses or evaluations_fall or mean_over_every_step')
 TRAIN_QUICK = ('tests/test_train.py', '-k', QUICK)
 TRAIN_LOOP = ('tests/test_train.py', '-k', QUICK + ' or resume_logs')    # a resumed run's first evaluation
 TRAIN_STEP = ('tests/test_train.py', '-k', QUICK + ' or ddp_two_gloo')   # the DDP gradient sync
-TRAIN_RESUME = ('tests/test_train.py', '-k', 'resume_logs or a_resumed_run_uses')
+TRAIN_RESUME = ('tests/test_train.py', '-k', 'resume_logs or a_resumed_run_uses or saved_on_a_gpu or restore_state_sets')
 TRAIN_EVAL = ('tests/test_train.py', '-k', QUICK + ' or fewer_eval_batches')  # a DDP evaluation (2 gloo processes)
 # (file, qualified name, (first line's snippet, last line's snippet) or None for the whole function, its tests)
 TARGETS = [
@@ -132,6 +132,10 @@ EQUIVALENT = {
         'another reseed, still distinct per rank (a DDP resume with dropout is documented as not exact)',
     "run.py|torch.manual_seed(cfg.seed + rank + 7919 * progress['iter_num'])  # (a DDP resume with dropout: not exact)|7919 -> 7920|0":
         'another reseed, still distinct per rank (a DDP resume with dropout is documented as not exact)',
+    "model.py|self.register_buffer('anchor', torch.zeros(0), persistent=False)|0 -> 1|0":
+        'the anchor carries a device and a dtype, not values: any size does',
+    'train.py|offsets = data.offsets(split, cfg.eval_iters, torch.Generator().manual_seed(cfg.seed + 1000 + i))|Add -> Sub|0':
+        'another fixed evaluation seed, still one per split and apart from the training stream',
     "lab/probe.py|for window in tqdm(windows, desc='probe', unit='seq', leave=False):|False -> True|0":
         "tqdm's leave= is display only",
     'lab/probe.py|clear = t.flatten().abs() > 2|Gt -> GtE|0':

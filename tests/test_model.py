@@ -698,3 +698,13 @@ def test_both_attention_paths_meet_in_one_operator_line_and_no_custom_function_c
     nested = {f'{name}.{inner}' for name, value in vars(model_py).items() if isinstance(value, type)
               for inner, v in vars(value).items() if isinstance(v, type) and issubclass(v, torch.autograd.Function)}
     assert functions == set() and nested == {'NonNegative.Clamp'}  # the γ ≥ 0 constraint's, on a [n_head] vector
+
+
+def test_checkpoints_hold_the_weights_and_the_operator_scalars_and_nothing_else():
+    """The empty buffer that moves attention's constants (0, 1) with the model is not persistent: a checkpoint of any
+    form holds exactly its parameters and fixed scalars."""
+    for operator in FORMS:
+        model = build(operator=operator, **({'learn_gamma': False} if operator == 'corridor' else {}))
+        assert set(model.state_dict()) == {name for name, _ in model.named_parameters(remove_duplicate=False)} | \
+            {name for name, _ in model.named_buffers() if not name.endswith('anchor')}
+        assert not any(key.endswith('anchor') for key in model.state_dict())

@@ -75,3 +75,25 @@ def test_the_samples_of_one_call_differ_and_continue_one_random_stream(trained_r
         expected = [decode(model.eval().generate(prompt, new, temperature=1.0, top_k=None,
                                                  generator=generator)[0].tolist()) for _ in range(n)]
     assert out == expected
+
+
+def test_a_cuda_device_without_cuda_is_one_line(trained_run, tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        import pytest
+        pytest.skip('CUDA is available here: the device is not missing')
+    assert_one_line_error(run_script('sample.py', f'--out_dir={trained_run}', '--device=cuda', cwd=tmp_path),
+                          "device='cuda' but CUDA is not available here (use --device=cpu)")
+
+
+def test_the_dtype_is_the_autocast_the_samples_are_drawn_under(trained_run, monkeypatch, capsys):
+    """--dtype=bfloat16 samples under bf16 autocast, float32 under none (in this process, autocast recorded)."""
+    import torch
+    import sample
+    entered, real = [], torch.autocast
+    monkeypatch.setattr(torch, 'autocast', lambda device, dtype, *a, **k: (entered.append((device, dtype)),
+                                                                          real(device, dtype, *a, **k))[1])
+    for dtype in ('float32', 'bfloat16'):
+        sample.main([f'--out_dir={trained_run}', '--num_samples=1', '--max_new_tokens=3', '--device=cpu',
+                     f'--dtype={dtype}'])
+    assert entered == [('cpu', torch.bfloat16)] and capsys.readouterr().out.count(SEPARATOR) == 2

@@ -962,6 +962,68 @@ def test_gradient_accumulation_averages_micro_batches(tiny_data_root, tmp_path, 
     assert printed_1[0] == pytest.approx(math.log(vocab), abs=0.1)
 
 
+def test_a_log_lines_loss_is_the_mean_over_every_step_of_its_window(tiny_data_root, tmp_path, capsys, monkeypatch):
+    """log_interval=3: each printed batch loss is the mean of the three steps' losses since the last line, not the
+    last step's."""
+    import train as train_module
+    losses, step = [], train_module.optimizer_step
+    monkeypatch.setattr(train_module, 'optimizer_step', lambda *a: (lambda loss: (losses.append(loss.item()), loss)[1])(
+        step(*a)))
+    capsys.readouterr()
+    train_in_process(monkeypatch, tiny_data_root, tmp_path / 'run', '--operator=corridor', '--max_iters=6',
+                     '--eval_interval=100', '--eval_iters=1', '--lr_decay_iters=10', '--log_interval=3')
+    printed = [float(line.split('batch loss ')[1].split(',')[0]) for line in capsys.readouterr().out.splitlines()
+               if line.startswith('iter ')]
+    assert len(losses) == 6 and losses[0] != losses[2]
+    assert printed == pytest.approx([sum(losses[:3]) / 3, sum(losses[3:]) / 3], abs=2e-4)  # printed with 4 decimals
+
+
+def test_a_checkpoint_saved_on_a_gpu_resumes_on_the_cpu(tiny_data_root, tmp_path):
+    """A checkpoint with a CUDA RNG state (saved on a GPU) resumes with --device=cpu: that state is skipped, not fed
+    to a CUDA that is not there."""
+    out = tmp_path / 'run'
+    assert train(tiny_data_root, out, '--max_iters=5', '--eval_interval=5', '--lr_decay_iters=10').returncode == 0
+    ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
+    ckpt['rng']['cuda'] = torch.zeros(16, dtype=torch.uint8)  # what torch.cuda.get_rng_state() returns there
+    torch.save(ckpt, out / 'ckpt.pt')
+    resumed = run_script('train.py', '--init_from=resume', f'--out_dir={out}', '--max_iters=10', '--device=cpu',
+                         cwd=tiny_data_root)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert read_log(out)[-1]['iter'] == 10
+
+
+def test_restore_state_sets_the_cuda_rng_only_on_cuda_from_a_cuda_checkpoint_and_reseeds_every_other_rank(
+        monkeypatch):
+    """restore_state's branches that a CPU run never takes, called directly: the CUDA RNG state is restored only when
+    the checkpoint has one and the run is on CUDA (a CPU checkpoint resumed on a GPU must not feed None to CUDA; a
+    CUDA one resumed there must get its state back); a rank > 0 reseeds, also from iteration 0, away from rank 0's
+    stream; a checkpoint from before `seconds` was saved resumes at 0 s."""
+    from types import SimpleNamespace
+    import run
+    calls = []
+    monkeypatch.setattr(torch.cuda, 'set_rng_state', lambda state, device: calls.append((state, device)))
+    weight = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.AdamW([dict(params=[weight], lr_mult=1.0)])
+    scaler, data_rng, cfg = torch.amp.GradScaler('cpu', enabled=False), torch.Generator(), SimpleNamespace(seed=3)
+
+    def restore(device, rank=0, cuda=None, iter_num=5):
+        ckpt = dict(optimizer=optimizer.state_dict(), scaler={}, iter_num=iter_num, tokens_seen=0, best_val_loss=1.0,
+                    rng=dict(torch=torch.manual_seed(0).get_state(), data=data_rng.get_state(), cuda=cuda))
+        progress = run.restore_state(ckpt, optimizer, scaler, data_rng, cfg, device, rank)
+        return progress, torch.get_rng_state()
+
+    state = torch.zeros(16, dtype=torch.uint8)
+    for device, cuda in (('cuda', None), ('cpu', state), ('cpu', None)):
+        restore(device, cuda=cuda)
+    assert calls == []
+    restore('cuda:1', cuda=state)
+    assert len(calls) == 1 and calls[0][0] is state and calls[0][1] == 'cuda:1'
+    progress, rank_0 = restore('cpu')
+    assert progress['seconds'] == 0.0 and progress['iter_num'] == 5
+    rank_1, rank_2 = (restore('cpu', rank=r, iter_num=0)[1] for r in (1, 2))
+    assert not torch.equal(rank_1, rank_0) and not torch.equal(rank_2, rank_0) and not torch.equal(rank_1, rank_2)
+
+
 def test_estimate_loss_is_the_mean_loss_over_fixed_eval_batches_in_eval_mode(tiny_data_root, monkeypatch):
     """Each split's loss is the mean of the model's losses, in eval mode (dropout off), over eval_iters batches
     of that split that are the same at every evaluation; the model goes back to training mode."""
