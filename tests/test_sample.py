@@ -1,5 +1,8 @@
 """sample.py: the requested number of tokens, deterministic under a seed, one-line errors."""
 
+import pytest
+import torch
+
 from conftest import assert_one_line_error, run_script
 
 SEPARATOR = '---------------'
@@ -60,7 +63,6 @@ def test_the_samples_of_one_call_differ_and_continue_one_random_stream(trained_r
     """num_samples draws from one seeded generator, one after another: the samples differ from each other, and
     are what model.generate gives called that many times in a row with that generator (float32 on the CPU, as the
     script runs here)."""
-    import torch
     from sources import load_model, tokenizer_from_meta
     n, new = 4, 30
     out = samples(run_script('sample.py', f'--out_dir={trained_run}', '--start=the cat', f'--num_samples={n}',
@@ -77,22 +79,21 @@ def test_the_samples_of_one_call_differ_and_continue_one_random_stream(trained_r
     assert out == expected
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason='CUDA is available here: the device is not missing')
 def test_a_cuda_device_without_cuda_is_one_line(trained_run, tmp_path):
-    import torch
-    if torch.cuda.is_available():
-        import pytest
-        pytest.skip('CUDA is available here: the device is not missing')
     assert_one_line_error(run_script('sample.py', f'--out_dir={trained_run}', '--device=cuda', cwd=tmp_path),
                           "device='cuda' but CUDA is not available here (use --device=cpu)")
 
 
 def test_the_dtype_is_the_autocast_the_samples_are_drawn_under(trained_run, monkeypatch, capsys):
     """--dtype=bfloat16 samples under bf16 autocast, float32 under none (in this process, autocast recorded)."""
-    import torch
     import sample
     entered, real = [], torch.autocast
-    monkeypatch.setattr(torch, 'autocast', lambda device, dtype, *a, **k: (entered.append((device, dtype)),
-                                                                          real(device, dtype, *a, **k))[1])
+
+    def recorded(device, dtype, *args, **kwargs):
+        entered.append((device, dtype))
+        return real(device, dtype, *args, **kwargs)
+    monkeypatch.setattr(torch, 'autocast', recorded)
     for dtype in ('float32', 'bfloat16'):
         sample.main([f'--out_dir={trained_run}', '--num_samples=1', '--max_new_tokens=3', '--device=cpu',
                      f'--dtype={dtype}'])

@@ -967,8 +967,12 @@ def test_a_log_lines_loss_is_the_mean_over_every_step_of_its_window(tiny_data_ro
     last step's."""
     import train as train_module
     losses, step = [], train_module.optimizer_step
-    monkeypatch.setattr(train_module, 'optimizer_step', lambda *a: (lambda loss: (losses.append(loss.item()), loss)[1])(
-        step(*a)))
+
+    def recorded_step(*args):
+        loss = step(*args)
+        losses.append(loss.item())
+        return loss
+    monkeypatch.setattr(train_module, 'optimizer_step', recorded_step)
     capsys.readouterr()
     train_in_process(monkeypatch, tiny_data_root, tmp_path / 'run', '--operator=corridor', '--max_iters=6',
                      '--eval_interval=100', '--eval_iters=1', '--lr_decay_iters=10', '--log_interval=3')
