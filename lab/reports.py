@@ -15,12 +15,12 @@ import torch
 from analyze import occupancy_report, plot_evolution, plot_gamma_delta, plot_occupancy
 from common import UserError, atomic_write
 from model import CLAIM_B, in_corridor
-from sources import load_run
+from sources import Data, load_run
 
 from lab.connection import depth_regimes
 from lab.figures import WALK_PANELS, plot_walk_evolution, plt, save, walk_series
 from lab.stats import Tests, ci_half_width, fmt_p, line_fit, paired_test, summary_test, weighted_line_fit
-from lab.studies import (FIXED_GAMMAS, FROZEN_SEED, PRETRAINED_FIXED_GAMMA, STUDIES, frozen_gamma_path, millions,
+from lab.studies import (FIXED_GAMMAS, SETTLED, FROZEN_SEED, PRETRAINED_FIXED_GAMMA, STUDIES, frozen_gamma_path, millions,
                          non_embedding_params, parse_variant, run_state)
 
 def family(study, a, b):
@@ -230,20 +230,22 @@ POWERED_PRIMARY = ('fixed_gamma=-0.1', 'fixed_gamma=-0.2')  # − attention, Hol
 POWERED_SECONDARY = 'corridor'                               # − attention, alone in its family
 
 
-def fixed_gamma_powered_figures(results, out, tests, study):
-    """The primary tests (fixed γ − attention at −0.1 and −0.2, Holm over the two) and the secondary (corridor −
-    attention), each with its per-seed differences drawn, and the runs' wall time."""
-    lines = ["### Claim (d), powered: the pre-registered tests", '',
-             "| test | role | seeds | mean [95 % CI], p, Holm p, MDE: verdict | seeds below 0 |", '|---|---|---|---|---|']
-    comparisons = [(v, 'primary (Holm over 2)') for v in POWERED_PRIMARY] + [(POWERED_SECONDARY, 'secondary')]
+def preregistered_figures(results, out, tests, study, comparisons, title, image):
+    """A pre-registered study's tests, each `variant − attention` with its role (primary, secondary), a row per
+    setting, and one panel per setting with the per-seed differences drawn; the runs' wall time."""
+    lines = [f"### {title}: the pre-registered tests", '',
+             "| test | role | seeds | mean [95 % CI], p, Holm p, MDE: verdict | seeds below 0 | final γ̄, δ̄ |",
+             '|---|---|---|---|---|---|']
     fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 4), squeeze=False)
     for ax, (setting, (loaded, summary)) in zip(axes[0], results.items()):
         for i, (variant, role) in enumerate(comparisons):
             differences = paired_differences(loaded, variant, 'attention')
             cell = tests.add(family(study, variant, 'attention'), f'{setting}: {variant} − attention', differences)
             below = sum(d < 0 for d in differences)
+            where = (f"{summary[variant]['gamma_mean']:+.3f}, {summary[variant]['delta_mean']:.3f}"
+                     if variant in summary else '–')
             lines.append(f"| {setting}: {variant} − attention | {role} | {len(differences)} | {cell} | "
-                         f"{below} of {len(differences)} |")
+                         f"{below} of {len(differences)} | {where} |")
             if not differences:
                 continue
             jitter = torch.linspace(-0.25, 0.25, len(differences)).tolist()
@@ -256,11 +258,86 @@ def fixed_gamma_powered_figures(results, out, tests, study):
         ax.set_title(f'{setting}: one dot per seed; mean and 95 % CI in black', fontsize=10)
         seconds = [r['seconds'] for r in loaded.values() if r.get('seconds')]
         if seconds:
-            lines += ['', f"Wall time: {len(seconds)} runs, {sum(seconds) / 3600:.2f} h of training in all, "
+            lines += ['', f"Wall time, {setting}: {len(seconds)} runs, {sum(seconds) / 3600:.2f} h of training in all, "
                           f"median {statistics.median(seconds):.1f} s a run (range {min(seconds):.1f}–"
                           f"{max(seconds):.1f} s; the cores were shared with other work)"]
-    save(fig, os.path.join(out, 'fixed_gamma_powered.png'))
-    return lines + ['', '![per-seed differences](fixed_gamma_powered.png)', '']
+    save(fig, os.path.join(out, image))
+    return lines + ['', f'![per-seed differences]({image})', '']
+
+
+def fixed_gamma_powered_figures(results, out, tests, study):
+    """Claim (d), powered: fixed γ − attention at −0.1 and −0.2 (primary, Holm over the two), corridor − attention."""
+    comparisons = [(v, 'primary (Holm over 2)') for v in POWERED_PRIMARY] + [(POWERED_SECONDARY, 'secondary')]
+    return preregistered_figures(results, out, tests, study, comparisons, 'Claim (d), powered',
+                                 'fixed_gamma_powered.png')
+
+
+def corridor_settled_figures(results, out, tests, study):
+    """Claim (a) at 4× the budget: corridor − attention on each corpus (primary, Holm over the two), the higher
+    operator learning rate and fixed γ = −0.1 (secondary); then where γ ends and whether attention still improves."""
+    comparisons = [('corridor', 'primary (Holm over 2)')] + [(v, 'secondary') for v in SETTLED[2:]]
+    lines = preregistered_figures(results, out, tests, study, comparisons, 'Claim (a) where γ has settled',
+                                  'corridor_settled.png')
+    return lines + budget_checks(results) + gamma_settling(results, out, 'corridor_settled_gamma.png')
+
+
+def budget_checks(results):
+    """Epochs of the training split each run sees, and whether attention's validation loss still falls over the
+    last two evaluations (no overfitting at this budget), seed by seed."""
+    lines = ['### The budget: repeated epochs, and no overfitting', '']
+    for setting, (loaded, _) in results.items():
+        first = next(iter(loaded.values()))
+        cfg = first['config']
+        try:
+            train_tokens = Data(cfg['data_root'], cfg['dataset'], cfg['block_size'], 1, 'cpu').n_tokens['train']
+        except UserError:
+            train_tokens = None
+        epochs = f"{first['log'][-1]['tokens'] / train_tokens:.2f} epochs of its {train_tokens:,} training tokens" \
+            if train_tokens else 'epochs unknown (no data folder here)'
+        falls = [(r['log'][-1]['val_loss'] - r['log'][-2]['val_loss']) for (v, _), r in loaded.items()
+                 if v == 'attention' and len(r['log']) > 1]
+        lines.append(f"- {setting}: {first['log'][-1]['tokens']:,} tokens a run, {epochs}; attention's val loss over "
+                     f"its last {first['config']['eval_interval']} iterations: " +
+                     (f"{statistics.fmean(falls):+.4f} on average, falling in {sum(f < 0 for f in falls)} of "
+                      f"{len(falls)} seeds" if falls else 'no attention run yet'))
+    return lines + ['']
+
+
+def gamma_settling(results, out, image):
+    """Where the learnable variants' γ goes: mean γ over every head against tokens, each seed a thin line, per
+    setting; the table gives the final mean γ, δ and how far γ still moves in the last quarter."""
+    lines = ['### Where γ ends', '', '| setting | variant | seeds | final γ̄ (mean over seeds) | final δ̄ | '
+             'γ̄ change over the last quarter | largest one-head γ range in the last quarter |', '|---|---|---|---|---|---|---|']
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 3.8), squeeze=False)
+    for ax, (setting, (loaded, summary)) in zip(axes[0], results.items()):
+        ax.axhspan(-1, 0, color='tab:green', alpha=0.08)
+        for i, (variant, entry) in enumerate(summary.items()):
+            runs = [loaded[(variant, s)] for s in entry['seeds']]
+            if not entry['operator_scalars'] or not all(len(r['series']) > 1 for r in runs):
+                continue
+            gammas = [torch.stack([g for _, g, _ in r['series']]) for r in runs]  # [evals, layers, heads] each
+            if gammas[0].std() == 0 and all(g.std() == 0 for g in gammas):
+                continue  # a fixed γ
+            tokens = [e['tokens'] / 1e6 for e in runs[0]['log'] if 'gamma' in e]
+            for k, g in enumerate(gammas):
+                ax.plot(tokens[:len(g)], g.mean((1, 2)).tolist(), color=f'C{i}', lw=0.6, alpha=0.4,
+                        label=variant if k == 0 else None)
+            quarter = [g.mean((1, 2)) for g in gammas]
+            change = statistics.fmean((q[-1] - q[int(0.75 * (len(q) - 1))]).item() for q in quarter)
+            lines.append(f"| {setting} | {variant} | {len(runs)} | {entry['gamma_mean']:+.3f} | {entry['delta_mean']:.3f} "
+                         f"| {change:+.3f} | {statistics.fmean(last_quarter_range(g) for g in gammas):.3f} |")
+        ax.axhline(0, color='black', lw=0.8)
+        ax.set_xlabel('tokens seen (millions)')
+        ax.set_ylabel('mean γ over every head')
+        ax.set_title(f'{setting}: each seed a line', fontsize=10)
+        ax.legend(fontsize=7)
+    save(fig, os.path.join(out, image))
+    return lines + ['', f'![mean γ during training]({image})', '']
+
+
+def corridor_settled_pilot_figures(results, out, tests, study):
+    """The pilot's multipliers: where γ ends and how much it still moves, and the final loss, per corpus."""
+    return budget_checks(results) + gamma_settling(results, out, 'corridor_settled_pilot_gamma.png')
 
 
 def scales_figures(results, out, tests, study):

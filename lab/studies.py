@@ -64,6 +64,9 @@ TINY = dict(n_layer=2, n_head=2, n_embd=64)      # 0.10M non-embedding parameter
 MEDIUM = dict(n_layer=6, n_head=6, n_embd=192)   # 2.65M
 # (the connection-walk geometry is logged at every evaluation: walk_interval = eval_interval)
 X2 = dict(max_iters=2400, lr_decay_iters=2400, eval_interval=400, walk_interval=400)                  # 1.8M tokens
+# four times the base budget (3.7M tokens, ~3.7 epochs of either corpus): the budget where a learnable γ has had time
+# to move (issue 48); evaluations every 400 iterations, no walk (it is the geometry study's, not this question's)
+X4 = dict(max_iters=4800, lr_decay_iters=4800, eval_interval=400, walk_interval=0)
 LONG = dict(max_iters=12000, lr_decay_iters=12000, eval_interval=500, walk_interval=500, dropout=0.1)  # 10× the base
 # GPT-2 BPE: its 50k-token output layer makes an iteration ~15× the char model's (1 s on a shared core), so 1,000
 # iterations × 768 tokens ≈ 3.3M characters of text, 3.6× the base's (10× would take 2 × 50 minutes of 2 cores)
@@ -118,6 +121,8 @@ SETTINGS = {  # name (the runs' folder under OUT_ROOT): (base config, what it ch
     'shakespeare_char/medium-x2':   (CPU, dict(**MEDIUM, **X2)),
     'wikitext2_char/medium-x2':     (CPU, dict(dataset='wikitext2_char', **MEDIUM, **X2)),
     'shakespeare_char/small-long':  (CPU, LONG),
+    'shakespeare_char/small-x4':    (CPU, X4),
+    'wikitext2_char/small-x4':      (CPU, dict(dataset='wikitext2_char', **X4)),
     'wikitext2/small-1k':           (CPU, dict(dataset='wikitext2', **BPE_1K)),  # GPT-2 BPE
     # one GPU: OpenWebText; 1.2B tokens per run, or the config's own 4.9B for the long runs
     'openwebtext/gpt2_30m':         (GPU, dict(n_layer=6, n_head=6, n_embd=384, **GPU_SHORT)),
@@ -159,6 +164,7 @@ CLAIMS = ('attention', 'corridor', 'gamma_nonneg', 'fixed_gamma', 'laplacian', '
 FIXED_GAMMAS = (-0.05, -0.1, -0.2, -0.3, -0.5, -0.7, -0.9)
 FIXED_GAMMA = ('attention', 'corridor', *(f'fixed_gamma={g}' for g in FIXED_GAMMAS))
 DYNAMICS = ('attention', 'corridor', 'corridor_lr', 'corridor_spread', 'corridor_spread_lr')
+SETTLED = ('attention', 'corridor', 'corridor_lr=10.0', 'fixed_gamma=-0.1')  # corridor_lr's multiplier: the pilot's
 GEOMETRY = ('attention', 'corridor', 'fixed_gamma=-0.1', 'fixed_gamma')  # the runs carry walk_interval's geometry
 
 
@@ -210,6 +216,26 @@ STUDIES = {
                     first_seed=200),),
         gpu_parts=(),
         figures='fixed_gamma_powered_figures'),
+    # Claim (a) where γ has had time to move: 4× the base budget on both corpora, 24 fresh seeds (300-323), the
+    # learnable corridor from γ0 = 0 at the operator's base learning rate and at a higher one (its multiplier chosen
+    # by the pilot below, before any of these runs), and fixed γ = −0.1 (δ = 1) as the positive control. Primary:
+    # corridor − attention on each corpus, Holm over the two; secondary: the rest (docs/studies.md, named first).
+    'corridor_settled': Study(
+        "Claim (a) where γ has settled: at 4× the base budget, does the learnable corridor beat attention?",
+        # one part per seed and corpus, so that the corpora advance together: a study stopped part-way (it takes
+        # more than one sitting of 2 cores) has the same seeds on both
+        parts=tuple(Part(f'{corpus}/small-x4', SETTLED, 1, first_seed=seed)
+                    for seed in range(300, 324) for corpus in ('wikitext2_char', 'shakespeare_char')),
+        gpu_parts=(),
+        figures='corridor_settled_figures'),
+    # its pilot: the learnable corridor at operator_lr_mult 1, 3, 10 and 30, one seed (900, no other study's), on
+    # each corpus at the same budget; the rule that picks the multiplier from it is in docs/studies.md
+    'corridor_settled_pilot': Study(
+        "Pilot of corridor_settled: which operator learning-rate multiplier lets γ settle within 4× the base budget?",
+        parts=tuple(Part(f'{corpus}/small-x4', ('corridor', 'corridor_lr=3.0', 'corridor_lr', 'corridor_lr=30.0'), 1,
+                         first_seed=900) for corpus in ('wikitext2_char', 'shakespeare_char')),
+        gpu_parts=(),
+        figures='corridor_settled_pilot_figures'),
     'ladder': Study(
         "Claim (a) on a scale ladder at equal tokens per parameter: does the corridor's gain change with size?",
         # six seeds where runs take minutes, three at the largest (~20 min each on a free core)
