@@ -5,6 +5,7 @@ tests of one report Holm-corrected within their families (lab/stats.py). `python
 --report_only=True` regenerates a report from its runs.
 """
 
+import csv
 import json
 import math
 import os
@@ -237,6 +238,7 @@ def preregistered_figures(results, out, tests, study, comparisons, title, image)
              "| test | role | seeds | mean [95 % CI], p, Holm p, MDE: verdict | seeds below 0 | final γ̄, δ̄ |",
              '|---|---|---|---|---|---|']
     fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 4), squeeze=False)
+    wall = []
     for ax, (setting, (loaded, summary)) in zip(axes[0], results.items()):
         for i, (variant, role) in enumerate(comparisons):
             differences = paired_differences(loaded, variant, 'attention')
@@ -258,11 +260,11 @@ def preregistered_figures(results, out, tests, study, comparisons, title, image)
         ax.set_title(f'{setting}: one dot per seed; mean and 95 % CI in black', fontsize=10)
         seconds = [r['seconds'] for r in loaded.values() if r.get('seconds')]
         if seconds:
-            lines += ['', f"Wall time, {setting}: {len(seconds)} runs, {sum(seconds) / 3600:.2f} h of training in all, "
-                          f"median {statistics.median(seconds):.1f} s a run (range {min(seconds):.1f}–"
-                          f"{max(seconds):.1f} s; the cores were shared with other work)"]
+            wall.append(f"Wall time, {setting}: {len(seconds)} runs, {sum(seconds) / 3600:.2f} h of training in all, "
+                        f"median {statistics.median(seconds):.1f} s a run (range {min(seconds):.1f}–"
+                        f"{max(seconds):.1f} s; the cores were shared with other work)")
     save(fig, os.path.join(out, image))
-    return lines + ['', f'![per-seed differences]({image})', '']
+    return lines + [''] + [line for text in wall for line in (text, '')] + [f'![per-seed differences]({image})', '']
 
 
 def fixed_gamma_powered_figures(results, out, tests, study):
@@ -275,7 +277,7 @@ def fixed_gamma_powered_figures(results, out, tests, study):
 def corridor_settled_figures(results, out, tests, study):
     """Claim (a) at 4× the budget: corridor − attention on each corpus (primary, Holm over the two), the higher
     operator learning rate and fixed γ = −0.1 (secondary); then where γ ends and whether attention still improves."""
-    comparisons = [('corridor', 'primary (Holm over 2)')] + [(v, 'secondary') for v in SETTLED[2:]]
+    comparisons = [('corridor', 'primary (Holm over 2)')] + [(parse_variant(v)[0], 'secondary') for v in SETTLED[2:]]
     lines = preregistered_figures(results, out, tests, study, comparisons, 'Claim (a) where γ has settled',
                                   'corridor_settled.png')
     return lines + budget_checks(results) + gamma_settling(results, out, 'corridor_settled_gamma.png')
@@ -757,6 +759,23 @@ STATISTICS = ("Final validation loss (nats per token). Every difference is paire
               "together; the geometry: one per variant and part over every diagnostic, regime and setting).")
 
 
+PER_SEED_FIELDS = ('setting', 'variant', 'seed', 'iter', 'tokens', 'val_loss', 'gamma_mean', 'delta_mean', 'seconds')
+
+
+def per_seed_rows(results):
+    """One row per finished run: its final validation loss (repr: the exact float) and final mean γ, δ over every
+    head. The file a reader checks any cell against without the run folders (docs/per_seed/)."""
+    rows = []
+    for setting, (loaded, _) in results.items():
+        for (variant, seed), run in sorted(loaded.items(), key=lambda item: (item[0][1], item[0][0])):
+            rows.append(dict(setting=setting, variant=variant, seed=seed, iter=run['iter'],
+                             tokens=run['log'][-1]['tokens'], val_loss=repr(run['log'][-1]['val_loss']),
+                             gamma_mean=f"{run['gamma'].mean().item():.6f}",
+                             delta_mean=f"{run['delta'].mean().item():.6f}",
+                             seconds=f"{run['seconds']:.1f}" if run.get('seconds') else ''))
+    return rows
+
+
 def report(name, study, runs, out):
     """Load every finished run, write OUT/report.md, report.json and the figures; print the report."""
     os.makedirs(out, exist_ok=True)
@@ -793,6 +812,10 @@ def report(name, study, runs, out):
     text = tests.fill('\n'.join(lines))
     with atomic_write(os.path.join(out, 'report.md')) as f:
         f.write(text + '\n')
+    with atomic_write(os.path.join(out, 'per_seed.csv')) as f:
+        writer = csv.DictWriter(f, PER_SEED_FIELDS, lineterminator='\n')
+        writer.writeheader()
+        writer.writerows(per_seed_rows(results))
     with atomic_write(os.path.join(out, 'report.json')) as f:
         json.dump(dict(settings={setting: summary for setting, (_, summary) in results.items()}, tests=tests.tests),
                   f, indent=1)

@@ -290,8 +290,44 @@ def test_the_powered_fixed_gamma_study_reports_its_named_tests(tiny_data_root, t
     below = sum(finals[f'fixed_gamma=-0.1-s{s}'] < finals[f'attention-s{s}'] for s in range(200, 203))
     report = (out / 'report.md').read_text()
     assert f'| tiny/a: fixed_gamma=-0.1 − attention | primary (Holm over 2) | 3 | ' in report
-    assert f' | {below} of 3 |' in report and 'Wall time: 12 runs, ' in report
+    assert f' | {below} of 3 |' in report and 'Wall time, tiny/a: 12 runs, ' in report
     assert (out / 'fixed_gamma_powered.png').stat().st_size > 1000
+
+
+def test_the_settled_corridor_study_reports_its_named_tests_and_publishes_every_seed(tiny_data_root, tmp_path,
+                                                                                     monkeypatch):
+    """Claim (a) at 4× the budget: the primary test (corridor − attention) Holm-adjusted over the two corpora, the
+    secondary ones likewise, where γ ends, the epochs and attention's last fall; per_seed.csv holds every run's
+    exact final loss and mean γ, δ, the numbers docs/per_seed/ publishes."""
+    settings = {f'{corpus}/small-x4' for corpus in ('wikitext2_char', 'shakespeare_char')}
+    parts = studies.STUDIES['corridor_settled'].parts
+    assert {p.setting for p in parts} == settings and len(parts) == 48 and {p.seeds for p in parts} == {1}
+    assert sorted({p.first_seed for p in parts}) == list(range(300, 324))
+    for setting in settings:
+        monkeypatch.setitem(studies.SETTINGS, setting, (studies.CPU, dict(dataset='tiny', data_root=str(tiny_data_root))))
+    monkeypatch.setitem(studies.STUDIES, 'corridor_settled', studies.STUDIES['corridor_settled']._replace(
+        parts=tuple(p for p in parts if p.first_seed < 302)))
+    monkeypatch.chdir(REPO)
+    sweep.main(['--study=corridor_settled', f'--out_root={tmp_path}', '--parallel=2', '--', *TINY_RUN])
+    out = tmp_path / 'corridor_settled'
+    tests = {t['label']: t for t in json.loads((out / 'report.json').read_text())['tests']}
+    for variant in (studies.parse_variant(v)[0] for v in studies.SETTLED[1:]):  # each one family over the 2 corpora
+        pair = [tests[f'{setting}: {variant} − attention'] for setting in sorted(settings)]
+        ps = sorted(t['p'] for t in pair)
+        assert sorted(t['p_holm'] for t in pair) == pytest.approx([min(1, 2 * ps[0]), min(1, max(2 * ps[0], ps[1]))])
+    report = (out / 'report.md').read_text()
+    assert '| wikitext2_char/small-x4: corridor − attention | primary (Holm over 2) | 2 | ' in report
+    assert '### Where γ ends' in report and '| wikitext2_char/small-x4 | corridor | 2 | ' in report
+    assert '### The budget: repeated epochs, and no overfitting' in report and ' epochs of its ' in report
+    rows = (out / 'per_seed.csv').read_text().splitlines()
+    assert rows[0] == ','.join(reports.PER_SEED_FIELDS) and len(rows) == 1 + 2 * 4 * 2
+    for row in rows[1:]:
+        setting, variant, seed, _, _, val_loss, gamma, delta, _ = row.split(',')
+        log = (tmp_path / setting / f'{variant}-s{seed}' / 'log.jsonl').read_text().splitlines()
+        final = json.loads(log[-1])
+        assert float(val_loss) == final['val_loss']  # exact
+        assert float(gamma) == pytest.approx(statistics.fmean(g for layer in final['gamma'] for g in layer), abs=1e-6)
+        assert float(delta) == pytest.approx(statistics.fmean(d for layer in final['delta'] for d in layer), abs=1e-6)
 
 
 def test_a_gpu_preset_starts_and_logs_on_cpu_with_tiny_overrides(tiny_data_root, tmp_path):
