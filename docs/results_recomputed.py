@@ -1,13 +1,16 @@
 """
-The README's CPU results recomputed from the summaries it and docs/ state (mean and SD of the paired differences,
-seeds per cell) with lab/stats.py: 95 % CI, paired-t p, Holm p within each study's families, MDE at 80 % power; the
-ladder's two slopes (pre-registered unweighted, precision-weighted); the 135M study's first sitting.
-The run folders were never committed, so the stated (rounded) summaries are all there is: p-values from a
-4-decimal SD are approximate where the SD is 0.0001–0.0006.
+The README's CPU results recomputed with lab/stats.py: 95 % CI, paired-t p, Holm p within each study's families,
+MDE at 80 % power. Two sources: the per-seed files in docs/per_seed/ (one CSV a study, each run's exact final loss:
+what `python -m lab.sweep --study=NAME` writes as per_seed.csv), recomputed exactly; and, for the studies whose run
+folders were never kept, the summaries the README and docs/ state (mean and SD of the paired differences, seeds per
+cell): p-values from a 4-decimal SD are approximate where the SD is 0.0001–0.0006. Also the ladder's two slopes
+(pre-registered unweighted, precision-weighted) and the 135M study's first sitting.
 
     python docs/results_recomputed.py          # -> docs/results_recomputed.md
 """
 
+import csv
+import glob
 import math
 import os
 import statistics
@@ -15,7 +18,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import atomic_write  # noqa: E402
+from lab.reports import family  # noqa: E402  (the studies' Holm families, as their reports form them)
 from lab.stats import fmt_p, holm, paired_test, summary_test, t_quantile, weighted_line_fit  # noqa: E402
+
+PER_SEED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'per_seed')
 
 TS, WT = 'Tiny Shakespeare', 'WikiText-2 (char)'
 
@@ -86,6 +92,60 @@ HEADER = ["| comparison | corpus | seeds | mean ± SD (stated) | 95 % CI | p | H
           "|---|---|---|---|---|---|---|---|---|"]
 
 
+def read_per_seed(path):
+    """{(setting, variant, seed): row} of one study's per-seed file, the losses as floats (written with repr: exact)."""
+    with open(path, newline='') as f:
+        return {(r['setting'], r['variant'], int(r['seed'])): {**r, 'val_loss': float(r['val_loss'])}
+                for r in csv.DictReader(f)}
+
+
+def per_seed_cells(study, runs):
+    """Every `variant − attention` of a study's per-seed file, paired by seed within its setting, Holm-adjusted within
+    the families its report uses: [(setting, variant, PairedTest, Holm p, family size, seeds below 0)]."""
+    cells = []
+    for setting in dict.fromkeys(s for s, _, _ in runs):
+        for variant in dict.fromkeys(v for s, v, _ in runs if s == setting and v != 'attention'):
+            seeds = sorted(seed for s, v, seed in runs if (s, v) == (setting, variant)
+                           and (setting, 'attention', seed) in runs)
+            differences = [runs[(setting, variant, k)]['val_loss'] - runs[(setting, 'attention', k)]['val_loss']
+                           for k in seeds]
+            cells.append([setting, variant, paired_test(differences), sum(d < 0 for d in differences)])
+    adjusted = {}
+    for name in dict.fromkeys(family(study, v, 'attention') for _, v, _, _ in cells):
+        members = [i for i, (_, v, t, _) in enumerate(cells) if family(study, v, 'attention') == name
+                   and math.isfinite(t.p)]
+        for i, p in zip(members, holm([cells[i][2].p for i in members])):
+            adjusted[i] = (p, len(members))
+    return [(s, v, t, *adjusted.get(i, (float('nan'), 0)), below) for i, (s, v, t, below) in enumerate(cells)]
+
+
+def per_seed_sections():
+    """A section per published study: its runs, every cell recomputed from the per-seed file."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(PER_SEED, '*.csv'))):
+        study = os.path.splitext(os.path.basename(path))[0]
+        runs = read_per_seed(path)
+        out += [f"## `{study}` from its per-seed file ({len(runs)} runs; [per_seed/{study}.csv](per_seed/{study}.csv))",
+                '', "| setting | comparison | seeds | mean [95 % CI] | p | Holm p (family size) | MDE, 80 % | seeds below 0 "
+                "| verdict |", "|---|---|---|---|---|---|---|---|---|"]
+        for setting, variant, t, p_holm, m, below in per_seed_cells(study, runs):
+            words = verdict_words(t, p_holm) if math.isfinite(p_holm) else 'inconclusive (one seed)'
+            out.append(f"| {setting} | {variant} − attention | {t.n} | {t.mean:+.5f} [{t.low:+.5f}, {t.high:+.5f}] | "
+                       f"{fmt_p(t.p)} | {fmt_p(p_holm)} ({m}) | {t.mde:.5f} | {below} of {t.n} | {words} |")
+        for setting in dict.fromkeys(s for s, _, _ in runs):
+            means = []
+            for variant in dict.fromkeys(v for s, v, _ in runs if s == setting):
+                rows = [r for (s, v, _), r in runs.items() if (s, v) == (setting, variant)]
+                losses = [r['val_loss'] for r in rows]
+                sd = f" ± {statistics.stdev(losses):.4f}" if len(losses) > 1 else ''
+                means.append(f"{variant} {statistics.fmean(losses):.4f}{sd} (γ̄ "
+                             f"{statistics.fmean(float(r['gamma_mean']) for r in rows):+.3f}, δ̄ "
+                             f"{statistics.fmean(float(r['delta_mean']) for r in rows):.3f})")
+            out += ['', f"{setting}, final val loss (mean ± SD over seeds): " + '; '.join(means)]
+        out.append('')
+    return out
+
+
 def fit_from_groups(groups):
     """Least squares of every seed pair's difference on log10(parameters), from the groups' (x, mean, SD, n) alone:
     the sums of squares decompose into within-group (SD²·(n − 1)) and between-group parts, so this equals the fit
@@ -124,16 +184,17 @@ def ladder_fits():
     return fit_from_groups([(x, m, sd, n) for _, x, m, sd, n in rungs]), weighted, chi2
 
 
-def main():
+def render():
+    """The page's text."""
     out = ["# The CPU results recomputed: CIs, p, Holm, power", '',
-           "Generated by `python docs/results_recomputed.py` from the summaries the README and docs/ state (the run folders "
-           "are not in the repository). Each cell: the mean paired difference over seeds (final validation loss, "
+           "Generated by `python docs/results_recomputed.py`: first from the per-seed files of docs/per_seed/ (exact), "
+           "then from the summaries the README and docs/ state for the studies whose run folders were not kept. Each cell: the mean paired difference over seeds (final validation loss, "
            "nats per token, or the walk diagnostic), its 95 % CI (t on n − 1 df), p of the two-sided paired t-test, "
            "p Holm-adjusted within the family in brackets, and the MDE: the smallest true difference the test detects "
            "with 80 % power at 5 % two-sided given the stated SD and n (exact noncentral t). Verdict words follow "
            "the Holm p; *inconclusive* names X, the 95 % CI's bound farthest from zero: the data exclude a larger "
            "effect (unadjusted). The SDs are the README's rounded ones, so p-values built on SD 0.0001–0.0006 are "
-           "approximate.", '',
+           "approximate.", '', *per_seed_sections(),
            "## Claims study (3 seeds): families = one comparison over the two corpora (m = 2)", '', *HEADER,
            *rows(CLAIMS, lambda c: c[0]), '',
            "## Fixed γ, δ = 1 − attention (3 seeds): one family, every γ × corpus (m = 14)", '', *HEADER]
@@ -192,10 +253,14 @@ def main():
     out += rows([(label, corpus, t.mean, t.sd, t.n) for label, corpus, t in first], lambda c: 'first sitting')
     out += ['', "## Claim (b): a share of heads per seed, not a paired difference: its 3-seed table (`--study=gamma_dynamics`) "
             "is in studies.md.", '']
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results_recomputed.md')
-    with atomic_write(path) as f:
-        f.write('\n'.join(out) + '\n')
-    print('\n'.join(out))
+    return '\n'.join(out) + '\n'
+
+
+def main():
+    text = render()
+    with atomic_write(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results_recomputed.md')) as f:
+        f.write(text)
+    print(text, end='')
 
 
 if __name__ == '__main__':

@@ -137,3 +137,39 @@ def test_the_ladders_two_slopes_on_the_page_are_the_ones_its_summaries_give():
     assert (pairs, k) == (21, 4)
     assert f'pre-registered, unweighted over seed pairs (the primary test) | {slope:+.4f} [{low:+.4f}, {high:+.4f}]' in page
     assert f'precision-weighted (not named in advance) | {w_slope:+.4f} [{w_low:+.4f}, {w_high:+.4f}], p {w_p:.2f}' in page
+
+
+def recomputed_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('results_recomputed', REPO / 'docs' / 'results_recomputed.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_results_recomputed_md_is_what_its_script_computes_from_the_per_seed_files_and_summaries():
+    """The page is regenerated, not edited: a changed per-seed file or summary without a rerun fails here."""
+    assert (REPO / 'docs' / 'results_recomputed.md').read_text() == recomputed_module().render()
+
+
+def test_a_per_seed_file_is_recomputed_exactly_paired_by_seed_with_holm_over_the_studys_family(tmp_path, monkeypatch):
+    """Three seeds, two settings: corridor − attention paired by seed within each setting (seed 2 of b has no
+    attention run: left out), one Holm family over the two settings as the study's report forms it."""
+    module = recomputed_module()
+    rows = [('a', 'attention', 0, 2.0), ('a', 'attention', 1, 2.1), ('a', 'attention', 2, 2.2),
+            ('a', 'corridor', 0, 1.9), ('a', 'corridor', 1, 2.05), ('a', 'corridor', 2, 2.1),
+            ('b', 'attention', 0, 3.0), ('b', 'attention', 1, 3.0), ('b', 'corridor', 0, 3.01), ('b', 'corridor', 1, 2.98),
+            ('b', 'corridor', 2, 1.0)]
+    (tmp_path / 'toy.csv').write_text('setting,variant,seed,iter,tokens,val_loss,gamma_mean,delta_mean,seconds\n' + ''.join(
+        f'{s},{v},{k},10,100,{repr(x)},-0.1,0.9,1.0\n' for s, v, k, x in rows))
+    monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
+    cells = {(s, v): (t, p_holm, m, below) for s, v, t, p_holm, m, below in
+             module.per_seed_cells('toy', module.read_per_seed(tmp_path / 'toy.csv'))}
+    ta, pa, ma, below_a = cells[('a', 'corridor')]
+    tb, pb, mb, below_b = cells[('b', 'corridor')]
+    assert (ta.n, tb.n, ma, mb, below_a, below_b) == (3, 2, 2, 2, 3, 1)
+    assert ta.mean == pytest.approx((-0.1 - 0.05 - 0.1) / 3) and tb.mean == pytest.approx((0.01 - 0.02) / 2)
+    low, high = sorted((ta.p, tb.p))
+    assert sorted((pa, pb)) == pytest.approx([2 * low, max(2 * low, high)])
+    page = '\n'.join(module.per_seed_sections())
+    assert '## `toy` from its per-seed file (11 runs;' in page and '| a | corridor − attention | 3 | ' in page
