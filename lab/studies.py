@@ -164,7 +164,7 @@ CLAIMS = ('attention', 'corridor', 'gamma_nonneg', 'fixed_gamma', 'laplacian', '
 FIXED_GAMMAS = (-0.05, -0.1, -0.2, -0.3, -0.5, -0.7, -0.9)
 FIXED_GAMMA = ('attention', 'corridor', *(f'fixed_gamma={g}' for g in FIXED_GAMMAS))
 DYNAMICS = ('attention', 'corridor', 'corridor_lr', 'corridor_spread', 'corridor_spread_lr')
-SETTLED = ('attention', 'corridor', 'corridor_lr=10.0', 'fixed_gamma=-0.1')  # corridor_lr's multiplier: the pilot's
+SETTLED = ('attention', 'corridor', 'corridor_lr=3.0', 'fixed_gamma=-0.1')  # corridor_lr's multiplier: the pilot's
 GEOMETRY = ('attention', 'corridor', 'fixed_gamma=-0.1', 'fixed_gamma')  # the runs carry walk_interval's geometry
 
 
