@@ -109,6 +109,8 @@ def per_seed_cells(study, runs):
                            and (setting, 'attention', seed) in runs)
             differences = [runs[(setting, variant, k)]['val_loss'] - runs[(setting, 'attention', k)]['val_loss']
                            for k in seeds]
+            if not differences:  # no attention run to pair with (a pilot)
+                continue
             cells.append([setting, variant, paired_test(differences), sum(d < 0 for d in differences)])
     adjusted = {}
     for name in dict.fromkeys(family(study, v, 'attention') for _, v, _, _ in cells):
@@ -125,10 +127,14 @@ def per_seed_sections():
     for path in sorted(glob.glob(os.path.join(PER_SEED, '*.csv'))):
         study = os.path.splitext(os.path.basename(path))[0]
         runs = read_per_seed(path)
-        out += [f"## `{study}` from its per-seed file ({len(runs)} runs; [per_seed/{study}.csv](per_seed/{study}.csv))",
-                '', "| setting | comparison | seeds | mean [95 % CI] | p | Holm p (family size) | MDE, 80 % | seeds below 0 "
-                "| verdict |", "|---|---|---|---|---|---|---|---|---|"]
-        for setting, variant, t, p_holm, m, below in per_seed_cells(study, runs):
+        cells = per_seed_cells(study, runs)
+        out += [f"## `{study}` from its per-seed file ({len(runs)} runs; [per_seed/{study}.csv](per_seed/{study}.csv))", '']
+        if cells:
+            out += ["| setting | comparison | seeds | mean [95 % CI] | p | Holm p (family size) | MDE, 80 % | seeds below "
+                    "0 | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+        else:
+            out.append("No attention run to pair with: the final losses only.")
+        for setting, variant, t, p_holm, m, below in cells:
             words = verdict_words(t, p_holm) if math.isfinite(p_holm) else 'inconclusive (one seed)'
             out.append(f"| {setting} | {variant} − attention | {t.n} | {t.mean:+.5f} [{t.low:+.5f}, {t.high:+.5f}] | "
                        f"{fmt_p(t.p)} | {fmt_p(p_holm)} ({m}) | {t.mde:.5f} | {below} of {t.n} | {words} |")

@@ -313,6 +313,7 @@ def gamma_settling(results, out, image):
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 3.8), squeeze=False)
     for ax, (setting, (loaded, summary)) in zip(axes[0], results.items()):
         ax.axhspan(-1, 0, color='tab:green', alpha=0.08)
+        lowest = 0.0
         for i, (variant, entry) in enumerate(summary.items()):
             runs = [loaded[(variant, s)] for s in entry['seeds']]
             if not entry['operator_scalars'] or not all(len(r['series']) > 1 for r in runs):
@@ -322,13 +323,15 @@ def gamma_settling(results, out, image):
                 continue  # a fixed γ
             tokens = [e['tokens'] / 1e6 for e in runs[0]['log'] if 'gamma' in e]
             for k, g in enumerate(gammas):
-                ax.plot(tokens[:len(g)], g.mean((1, 2)).tolist(), color=f'C{i}', lw=0.6, alpha=0.4,
-                        label=variant if k == 0 else None)
+                ax.plot(tokens[:len(g)], g.mean((1, 2)).tolist(), color=f'C{i}', lw=1.5 if len(gammas) == 1 else 0.6,
+                        alpha=0.9 if len(gammas) == 1 else 0.4, label=variant if k == 0 else None)
+                lowest = min(lowest, g.mean((1, 2)).min().item())
             quarter = [g.mean((1, 2)) for g in gammas]
             change = statistics.fmean((q[-1] - q[int(0.75 * (len(q) - 1))]).item() for q in quarter)
             lines.append(f"| {setting} | {variant} | {len(runs)} | {entry['gamma_mean']:+.3f} | {entry['delta_mean']:.3f} "
                          f"| {change:+.3f} | {statistics.fmean(last_quarter_range(g) for g in gammas):.3f} |")
         ax.axhline(0, color='black', lw=0.8)
+        ax.set_ylim(max(-1.05, lowest - 0.1), 0.05)  # the corridor (shaded) reaches −1; the heads stay well above
         ax.set_xlabel('tokens seen (millions)')
         ax.set_ylabel('mean γ over every head')
         ax.set_title(f'{setting}: each seed a line', fontsize=10)
