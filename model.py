@@ -4,9 +4,10 @@ GPT-2 (as nanoGPT builds it) where every attention head applies an operator from
     out_h = c_I·V_h + c_P·(P_h V_h)        P_h = causal softmax(Q_h K_hᵀ / √d_head)
 
 Plain attention is (c_I, c_P) = (0, 1); the convex corridor δ(γI + P) is (δγ, δ), for −1 < γ < 0 a scaled convex
-mix of attention P and the negative Laplacian P − I. OPERATORS is the whole family; CausalSelfAttention applies it
-in one line, `y = c_I * v + c_P * pv`, after P·V from F.scaled_dot_product_attention (training, sampling: the fast
-path, torch.compile fuses the line) or from P built explicitly (analysis: the math path): edit it, and training does.
+mix of attention P and the negative Laplacian P − I. OPERATORS is the whole family; apply_operator is its one line,
+`c_I * v + c_P * pv`, which CausalSelfAttention applies after P·V from F.scaled_dot_product_attention (training,
+sampling: the fast path, torch.compile fuses the line) or from P built explicitly (analysis: the math path), and a
+pretrained model's attention applies too (lab/): edit it, and what every model trains changes.
 """
 
 import math
@@ -85,6 +86,12 @@ OPERATORS = {
     'alpha_beta': OperatorForm(('alpha', 'beta'), learnable=True, init=lambda g0, d0, config: (d0 * (1 + g0), d0 * g0),
                                coefficients=lambda alpha, beta: (beta, alpha - beta)),
 }
+
+
+def apply_operator(c_I, c_P, v, pv):
+    """out_h = c_I·V_h + c_P·(P_h V_h): the line every model here trains through, our GPT's two attention paths and a
+    pretrained model's attention alike; torch.compile fuses it into the kernels around it."""
+    return c_I * v + c_P * pv
 
 
 class OperatorCoefficients(nn.Module):
@@ -171,7 +178,7 @@ class CausalSelfAttention(nn.Module):
             y = pv  # (c_I, c_P) = (0, 1): attention stays nanoGPT's, whatever the line below becomes
         else:
             c_I, c_P = (c.view(-1, 1) for c in self.coefficients())  # this layer's operator: [H, 1] each
-            y = c_I * v + c_P * pv                                    # out_h = c_I·V_h + c_P·(P_h V_h)
+            y = apply_operator(c_I, c_P, v, pv)                      # out_h = c_I·V_h + c_P·(P_h V_h)
         return self.resid_dropout(self.c_proj(y.reshape(B, T, C))), probs
 
 

@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from common import GPT2_NAMES, UserError, model_config
 from lab.connection import TextCodec, WalkLayer
-from model import GPT, GPTConfig, OperatorCoefficients, next_token
+from model import GPT, GPTConfig, OperatorCoefficients, apply_operator, next_token
 
 
 class Family(NamedTuple):
@@ -420,13 +420,13 @@ def random_twin(walker, seed):
 
 # The operator family inside a transformers causal LM. transformers looks a layer's attention function up by name
 # (config._attn_implementation) in its AttentionInterface registry; 'corridor' is ours: the model's own SDPA call
-# (its masks, GQA, sliding windows and scaling untouched), then the same line as model.py's math path.
+# (its masks, GQA, sliding windows and scaling untouched), then model.py's apply_operator, the line our GPT runs.
 OPERATOR_ATTENTION = 'corridor'              # SDPA, then the operator: training, sampling
 OPERATOR_ATTENTION_EAGER = 'corridor_eager'  # the model's own eager attention (P returned), then the operator: lab/walk.py
 CAUSAL_FAMILIES = ('gpt2', *(name for name, family in FAMILIES.items() if family.causal))
 
 
-def apply_operator(module, pv, query, value):
+def operator_output(module, pv, query, value):
     """out_h = c_I·V_h + c_P·(P_h V_h) for P·V [B, T, H, d_h] from one of transformers' attention functions, with this
     layer's (c_I, c_P) from module.coefficients (model.OperatorCoefficients). query [B, H, T, d_h]; value
     [B, n_kv, S, d_h], S ≥ T with a KV cache (the query positions are the last T)."""
@@ -436,14 +436,14 @@ def apply_operator(module, pv, query, value):
     # the identity term reads each query head's own value head: with GQA, query head h reads KV head h // (H / n_kv)
     v = value[:, :, -T:].repeat_interleave(H // value.shape[1], dim=1).transpose(1, 2)  # [B, T, H, d_h]
     c_I, c_P = (c.view(-1, 1) for c in module.coefficients())   # one (c_I, c_P) per head, [H, 1]
-    return (c_I * v + c_P * pv).to(pv.dtype)  # out_h = c_I·V_h + c_P·(P_h V_h), as model.py, in the model's dtype
+    return apply_operator(c_I, c_P, v, pv).to(pv.dtype)  # model.py's own line, in the model's dtype
 
 
 def operator_attention(module, query, key, value, attention_mask, **kwargs):
     """transformers' SDPA attention (its masks, GQA, sliding windows and scaling untouched), then the operator."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     pv, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    return apply_operator(module, pv, query, value), None
+    return operator_output(module, pv, query, value), None
 
 
 def operator_attention_eager(module, query, key, value, attention_mask, **kwargs):
@@ -451,7 +451,7 @@ def operator_attention_eager(module, query, key, value, attention_mask, **kwargs
     operator."""
     eager = sys.modules[type(module).__module__].eager_attention_forward
     pv, probs = eager(module, query, key, value, attention_mask, **kwargs)
-    return apply_operator(module, pv, query, value), probs
+    return operator_output(module, pv, query, value), probs
 
 
 def register_operator_attention():

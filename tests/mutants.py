@@ -63,7 +63,7 @@ MUTANTS = [
     # issue 21: caught before it
     Mutant('data_rng_not_restored', 'run.py', "data_rng.set_state(ckpt['rng']['data'])", 'pass',
            k('test_train.py', 'resume_logs_the_same_losses')),
-    Mutant('operator_gradient_detached', 'model.py', 'y = c_I * v + c_P * pv ', 'y = c_I * v + c_P * pv.detach() ',
+    Mutant('operator_gradient_detached', 'model.py', 'return c_I * v + c_P * pv', 'return c_I * v + c_P * pv.detach()',
            k('test_model.py', 'gradient')),
     Mutant('causal_mask_off_by_one', 'model.py', 'dtype=torch.bool).tril()', 'dtype=torch.bool).tril(1)',
            k('test_model.py', 'future_tokens or math_path')),
@@ -72,7 +72,7 @@ MUTANTS = [
     # the operator and the model
     Mutant('alpha_beta_coefficients', 'model.py', '(beta, alpha - beta)', '(beta, alpha + beta)',
            k('test_model.py', 'alpha_forms or follow_the_table')),
-    Mutant('c_P_dropped_from_the_operator_line', 'model.py', 'y = c_I * v + c_P * pv ', 'y = c_I * v + pv ',
+    Mutant('c_P_dropped_from_the_operator_line', 'model.py', 'return c_I * v + c_P * pv', 'return c_I * v + pv',
            k('test_model.py', 'operator_is_cI')),
     Mutant('fast_path_reads_the_keys_as_values', 'model.py', 'F.scaled_dot_product_attention(q, k_all, v_all,',
            'F.scaled_dot_product_attention(q, k_all, k_all,', k('test_model.py', 'fast_path_equals_math_path')),

@@ -594,3 +594,61 @@ def test_walking_a_pretrained_model_with_an_operator_sees_the_operators_outputs(
     assert torch.equal(layer.c_I, c_I.detach()) and torch.equal(layer.c_P, c_P.detach())
     torch.testing.assert_close(walker.module(input_ids=idx).last_hidden_state,
                                model.lm.model(input_ids=idx).last_hidden_state)
+
+
+# our GPT and a tiny Llama wrapped as PretrainedLM, each trained three steps on fixed tokens; run in a copy of the repo
+TRAIN_BOTH = '''
+import torch, transformers
+from lab.hf import PretrainedLM
+from model import GPT, GPTConfig
+
+def losses(model):
+    optimizer = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu')
+    out = []
+    for i in range(3):
+        idx = torch.randint(0, 50, (4, 17), generator=torch.Generator().manual_seed(100 + i))
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        out.append(loss.item())
+    return out
+
+keys = dict(block_size=32, vocab_size=50, n_layer=2, n_head=4, n_embd=32, operator='corridor', gamma_init=-0.3)
+torch.manual_seed(0)
+print(losses(GPT(GPTConfig(**keys))))
+torch.manual_seed(0)
+lm = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+    vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=32))
+print(losses(PretrainedLM(lm, GPTConfig(**keys), source='tiny')))
+'''
+
+
+def test_editing_model_pys_operator_function_changes_what_our_gpt_and_a_pretrained_model_train(tmp_path):
+    """One function, model.apply_operator, applies the operator for every model: in a copy of the repo whose
+    function returns c_I·V + 2·c_P·PV, our GPT and a pretrained model both train differently from the first step
+    than in an unedited copy."""
+    import ast
+    import shutil
+    import subprocess
+    import sys
+    from conftest import REPO
+
+    def train_both(old, new):
+        copy = tmp_path / f'copy{len(list(tmp_path.iterdir()))}'
+        (copy / 'lab').mkdir(parents=True)
+        for path in [*REPO.glob('*.py'), *(REPO / 'lab').glob('*.py')]:
+            shutil.copy(path, copy / path.relative_to(REPO))
+        source = (copy / 'model.py').read_text()
+        assert source.count(old) == 1, old
+        (copy / 'model.py').write_text(source.replace(old, new))
+        result = subprocess.run([sys.executable, '-c', TRAIN_BOTH], cwd=copy, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return [ast.literal_eval(line) for line in result.stdout.splitlines()]
+
+    line = 'return c_I * v + c_P * pv'
+    gpt, pretrained = train_both(line, line)
+    edited_gpt, edited_pretrained = train_both(line, 'return c_I * v + 2 * c_P * pv')
+    for reference, edited in ((gpt, edited_gpt), (pretrained, edited_pretrained)):
+        assert all(abs(a - b) > 1e-3 for a, b in zip(edited, reference)), (reference, edited)

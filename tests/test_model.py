@@ -641,7 +641,7 @@ def test_gpt2_import_without_weights_is_one_clear_error(tmp_path):
 
 # ----------------------------------------------------------------------------------------- the code that trains
 
-OPERATOR_LINE = 'y = c_I * v + c_P * pv'
+OPERATOR_LINE = 'return c_I * v + c_P * pv'  # model.apply_operator's body
 
 
 def model_module_with(tmp_path, old, new):
@@ -680,8 +680,8 @@ def test_editing_the_operator_line_changes_what_trains(tmp_path, compiled):
     """The line a reader meets is the line training runs, on the fast path (eager and compiled): 2·c_P instead of
     c_P changes the training loss from the first step, and the unedited copy trains exactly as model.py does."""
     import model as model_py
-    same = model_module_with(tmp_path, OPERATOR_LINE + ' ', OPERATOR_LINE + ' ')  # the code line, not the docstring
-    edited = model_module_with(tmp_path, OPERATOR_LINE + ' ', 'y = c_I * v + 2 * c_P * pv ')
+    same = model_module_with(tmp_path, OPERATOR_LINE, OPERATOR_LINE)
+    edited = model_module_with(tmp_path, OPERATOR_LINE, 'return c_I * v + 2 * c_P * pv')
     reference = training_losses(model_py, compiled)
     assert training_losses(same, compiled) == reference
     changed = training_losses(edited, compiled)
