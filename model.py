@@ -61,6 +61,9 @@ OPERATOR_KEYS = tuple(OPERATOR_DEFAULTS)
 #
 # Every learnable form starts from (γ0, δ0) = (gamma_init, delta_init): by default, as attention. A sixth form is one
 # more entry. Which scalars learn, and γ ≥ 0, are properties of the parameters, never branches in forward().
+# What the table can hold: two scalars per head that give (c_I, c_P), so a head's output is its own V and P·V mixed.
+# The KV cache, the walk and the logs rely on that; a form with another term (c_2·P²V, a mix across heads) is not
+# an entry but an edit of apply_operator and of what feeds it (tests/test_model.py's cache check runs on every form).
 
 class OperatorForm(NamedTuple):
     params: tuple           # names of the per-head scalars
