@@ -13,6 +13,7 @@ from conftest import assert_one_line_error, run_script
 from common import UserError
 from test_walk import naive_reference, wiki_like_text
 from lab.connection import connection_diagnostics
+from model import OPERATORS
 
 needs_gguf = pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in ('gguf', 'accelerate')),
                                 reason="GGUF files need `pip install gguf accelerate`")
@@ -512,7 +513,7 @@ def test_the_identity_term_reads_each_query_heads_own_value_head_under_gqa_and_a
         torch.testing.assert_close(y[:, :, h], expected, atol=1e-12, rtol=0)
 
 
-@pytest.mark.parametrize('operator', ['attention', 'laplacian', 'corridor', 'corridor_nonneg', 'alpha', 'alpha_beta'])
+@pytest.mark.parametrize('operator', [*OPERATORS, 'corridor_nonneg'])
 def test_every_form_inside_transformers_gpt2_equals_model_py(operator):
     """Our GPT with random weights and per-head scalars, written into transformers' GPT-2 and run through
     PretrainedLM: the same logits (model.py's math path) for every form."""
