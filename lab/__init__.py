@@ -8,7 +8,8 @@ train.py's DEFAULTS), never the other way round but lazily, where a run asks for
     walk.py         its command line: any model over a text, per-layer tables and plots      python -m lab.walk
     hf.py           Hugging Face / GGUF models: loading, their walk, the operator inside them
     probe.py        how much a trained model leans on the operator, head by head              python -m lab.probe
-    bench.py        speed and memory of every form; the one-command GPU self-check           python -m lab.bench
+    bench.py        speed and memory of every form                                          python -m lab.bench
+    selfcheck.py    the GPU self-check, part by part, PASS / WARN / FAIL / SKIP each         python -m lab.selfcheck
     sweep.py        studies: variants × seeds trained, resumed and reported                  python -m lab.sweep
     studies.py      the studies' table: variants, settings, studies
     stats.py        paired t-tests, Holm, power (scipy.stats)

@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, run_script
 
 CORE = {'model', 'train', 'prepare', 'sample', 'analyze', 'common', 'run', 'sources'}
-TOOLS = ('walk', 'probe', 'bench', 'sweep')  # the lab modules with a command line
+TOOLS = ('walk', 'probe', 'bench', 'selfcheck', 'sweep')  # the lab modules with a command line
 
 
 def module_imports(path, lazy=False):
