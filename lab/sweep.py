@@ -45,7 +45,7 @@ from model import GPT
 from sources import Data, check_tokenizer
 from train import DEFAULTS as TRAIN_DEFAULTS  # train.py's config keys and defaults: every run a study plans is checked against them
 
-from lab import hf, launch
+from lab import launch, pretrained
 from lab.reports import report
 from lab.studies import (CPU, FROZEN_SEED, PRETRAINED_GAMMAS, Part, SETTINGS, STUDIES, Study, frozen_gamma_path,
                          frozen_settings, millions, non_embedding_params, parse_variant, run_state)
@@ -117,7 +117,7 @@ def print_plan(runs):
             flops, params, non_embedding = flops_per_token(model, config['block_size'], config['train_only'] == 'all'), model.get_num_params(), \
                 non_embedding_params(config)
         else:  # a pretrained transformers model: counted from its config; frozen weights need no weight gradients
-            params, non_embedding = hf.parameter_count(config['init_from'])
+            params, non_embedding = pretrained.parameter_count(config['init_from'])
             flops = (4 if config['train_only'] == 'operator' else 6) * params  # no weight gradients when frozen
             prepared = os.path.isfile(os.path.join(config['data_root'], config['dataset'], 'meta.json'))
             vocab = vocab if prepared else 'its own'  # (not GPT-2's: dataset_vocab's guess for a BPE dataset)
@@ -247,7 +247,7 @@ def frozen_gamma_losses(setting, out_root, gammas=PRETRAINED_GAMMAS, seed=FROZEN
     todo = [g for g in gammas if f'{g:+g}' not in saved['losses']]
     if todo:
         data = Data(cfg.data_root, cfg.dataset, cfg.block_size, cfg.batch_size, cfg.device)
-        model, _ = hf.load_pretrained(cfg.init_from, operator='corridor', learn_gamma=False, learn_delta=False)
+        model, _ = pretrained.load_pretrained(cfg.init_from, operator='corridor', learn_gamma=False, learn_delta=False)
         check_tokenizer(model, data.meta, data.dir)
         dtype = resolve_dtype(cfg.dtype, cfg.device)  # as train.py: its autocast, its compiled model
         autocast = contextlib.nullcontext() if dtype == 'float32' else \
@@ -257,7 +257,7 @@ def frozen_gamma_losses(setting, out_root, gammas=PRETRAINED_GAMMAS, seed=FROZEN
         offsets = data.offsets('val', cfg.eval_iters, torch.Generator().manual_seed(cfg.seed + 1000 + 1))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         for gamma in todo:
-            for attn in hf.attention_modules(model.lm):
+            for attn in pretrained.attention_modules(model.lm):
                 attn.coefficients.gamma.fill_(gamma)
             start, losses = time.time(), []
             with torch.no_grad(), autocast:

@@ -117,9 +117,9 @@ MUTANTS = [
     Mutant('pretrained_frozen_from_last_eval', 'lab/reports.py', "- loaded[(a, s)]['log'][0]['val_loss']",
            "- loaded[(a, s)]['log'][1]['val_loss']", k('test_sweep.py', 'pretrained_report')),
     # the operator inside a transformers model
-    Mutant('hf_identity_wrong_kv_head', 'lab/hf.py', '.repeat_interleave(H // value.shape[1], dim=1)',
+    Mutant('hf_identity_wrong_kv_head', 'lab/pretrained.py', '.repeat_interleave(H // value.shape[1], dim=1)',
            '.repeat(1, H // value.shape[1], 1, 1)', k('test_hf.py', 'own_value_head')),
-    Mutant('hf_identity_from_cache_start', 'lab/hf.py', 'v = value[:, :, -T:]', 'v = value[:, :, :T]',
+    Mutant('hf_identity_from_cache_start', 'lab/pretrained.py', 'v = value[:, :, -T:]', 'v = value[:, :, :T]',
            k('test_hf.py', 'own_value_head or kv_cache')),
     Mutant('hf_operator_only_saves_all', 'run.py', "if '.coefficients.' in k} if train_only == 'operator' else state",
            "if '.coefficients.' in k} if False else state", k('test_train.py', 'operator_only')),

@@ -25,7 +25,7 @@ def module_imports(path, lazy=False):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
-            if node.module == 'lab':  # from lab import hf
+            if node.module == 'lab':  # from lab import pretrained
                 names |= {f'lab.{a.name}' for a in node.names}
     return names
 
@@ -38,7 +38,7 @@ def import_graph(lazy=False):
 
 def test_the_top_level_is_the_briefs_scripts_and_the_research_tools_are_in_lab():
     assert {p.stem for p in REPO.glob('*.py')} == CORE
-    assert {p.stem for p in (REPO / 'lab').glob('*.py')} >= {'__init__', *TOOLS, 'connection', 'hf', 'stats'}
+    assert {p.stem for p in (REPO / 'lab').glob('*.py')} >= {'__init__', *TOOLS, 'connection', 'pretrained', 'stats'}
 
 
 def find_cycle(graph):
@@ -67,11 +67,11 @@ def test_the_core_imports_nothing_of_the_lab_when_it_loads_and_nothing_imports_i
 
 def test_the_cycle_check_finds_a_circle():
     """The check above is not vacuous: the lab imports the core, so an import back, even a lazy one, would close a
-    circle (as common.py's lazy import of lab/hf.py once did)."""
+    circle (as common.py's lazy import of the lab's pretrained-model code once did)."""
     graph = import_graph(lazy=True)
-    assert 'common' in graph['lab.hf'] and 'lab.hf' in graph['sources']  # sources.py reaches lab/hf.py lazily
-    graph['common'] = graph['common'] | {'lab.hf'}
-    assert find_cycle(graph) in (['common', 'lab.hf', 'common'], ['lab.hf', 'common', 'lab.hf'])
+    assert 'common' in graph['lab.pretrained'] and 'lab.pretrained' in graph['sources']  # reached lazily
+    graph['common'] = graph['common'] | {'lab.pretrained'}
+    assert find_cycle(graph) in (['common', 'lab.pretrained', 'common'], ['lab.pretrained', 'common', 'lab.pretrained'])
 
 
 def test_file_sizes():

@@ -630,7 +630,7 @@ def test_sampling_frequencies_follow_softmax_of_logits_over_temperature_within_t
 
 def test_gpt2_weights_import_gives_gpt2_logits(tmp_path):
     pytest.importorskip('transformers')
-    from lab.hf import gpt2
+    from lab.gpt2 import gpt2
     transformers = pytest.importorskip('transformers')
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
@@ -646,7 +646,7 @@ def test_gpt2_weights_import_gives_gpt2_logits(tmp_path):
 
 def test_gpt2_import_without_weights_is_one_clear_error(tmp_path):
     pytest.importorskip('transformers')
-    from lab.hf import gpt2
+    from lab.gpt2 import gpt2
     pytest.importorskip('transformers')
     with pytest.raises(UserError, match="cannot load GPT-2 weights"):
         gpt2(str(tmp_path / 'nowhere'))

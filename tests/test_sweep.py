@@ -694,8 +694,8 @@ def test_the_frozen_curve_evaluates_train_pys_batches_at_each_fixed_gamma_and_co
     assert other[0.0] != losses[0.0]
 
     loads = []
-    real = sweep.hf.load_pretrained
-    monkeypatch.setattr(sweep.hf, 'load_pretrained', lambda *a, **k: loads.append(a) or real(*a, **k))
+    real = sweep.pretrained.load_pretrained
+    monkeypatch.setattr(sweep.pretrained, 'load_pretrained', lambda *a, **k: loads.append(a) or real(*a, **k))
     assert sweep.frozen_gamma_losses('tiny/operator', str(tmp_path), gammas=(-0.3, 0.0))[0] == losses
     assert loads == []  # read from the file, nothing evaluated
     again = sweep.frozen_gamma_losses('tiny/operator', str(tmp_path), gammas=(-0.3, -0.1, 0.0))[0]
@@ -715,13 +715,13 @@ def test_the_frozen_curve_evaluates_as_a_run_does_under_bf16_autocast_and_lets_g
     import weakref
     root, config = tiny_frozen
     monkeypatch.setitem(studies.SETTINGS, 'tiny/operator', (str(config), dict()))
-    loaded, real = [], sweep.hf.load_pretrained
+    loaded, real = [], sweep.pretrained.load_pretrained
 
     def load(*args, **kwargs):
         model, meta = real(*args, **kwargs)
         loaded.append(weakref.ref(model))
         return model, meta
-    monkeypatch.setattr(sweep.hf, 'load_pretrained', load)
+    monkeypatch.setattr(sweep.pretrained, 'load_pretrained', load)
     losses, _ = sweep.frozen_gamma_losses('tiny/operator', str(tmp_path), gammas=(0.0,), train_args=['--dtype=bfloat16'])
     bf16 = iteration0_val_loss(root, config, tmp_path / 'bf16', '--dtype=bfloat16')
     assert statistics.fmean(losses[0.0]) == pytest.approx(bf16, rel=1e-6)

@@ -797,7 +797,7 @@ def test_train_prepares_shakespeare_char_itself_when_its_folder_is_missing(tmp_p
 
 
 # ------------------------------------------------------------------------------------------------------------
-# a pretrained transformers model (hf.PretrainedLM): operator-only fine-tuning
+# a pretrained transformers model (lab/pretrained.py's PretrainedLM): operator-only fine-tuning
 
 @pytest.fixture(scope='module')
 def tiny_pretrained(tmp_path_factory):
