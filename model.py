@@ -43,12 +43,6 @@ class GPTConfig:
         return 64 * math.ceil(self.vocab_size / 64)
 
 
-# the operator's keys and defaults, GPTConfig's fields from `operator` on: train.py takes them from here
-_fields = fields(GPTConfig)
-OPERATOR_DEFAULTS = {f.name: f.default for f in _fields[[f.name for f in _fields].index('operator'):]}
-OPERATOR_KEYS = tuple(OPERATOR_DEFAULTS)
-
-
 # The operator family: every form is out_h = c_I·V_h + c_P·(P_h V_h) with its own per-head (c_I, c_P).
 #
 #   operator    per-head scalars   from (γ0, δ0)            c_I     c_P      γ = c_I/c_P    δ = c_P
@@ -127,25 +121,6 @@ class OperatorCoefficients(nn.Module):
                      for c in self.form.coefficients(*(getattr(self, name) for name in self.form.params)))
 
 
-class NonNegative(nn.Module):
-    """γ = max(raw, 0), its gradient blocked only where it would push a clamped γ further down: a plain clamp would
-    keep a γ that touched 0 there for good, a straight-through one would let raw sink far below while pushed."""
-
-    class Clamp(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, raw):
-            ctx.save_for_backward(raw)
-            return raw.clamp(min=0)
-
-        @staticmethod
-        def backward(ctx, grad):
-            raw, = ctx.saved_tensors
-            return torch.where((raw > 0) | (grad < 0), grad, torch.zeros_like(grad))  # descent moves raw by -grad
-
-    def forward(self, raw):
-        return NonNegative.Clamp.apply(raw)
-
-
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config):
@@ -183,6 +158,25 @@ class CausalSelfAttention(nn.Module):
             c_I, c_P = (c.view(-1, 1) for c in self.coefficients())  # this layer's operator: [H, 1] each
             y = apply_operator(c_I, c_P, v, pv)                      # out_h = c_I·V_h + c_P·(P_h V_h)
         return self.resid_dropout(self.c_proj(y.reshape(B, T, C))), probs
+
+
+class NonNegative(nn.Module):
+    """γ = max(raw, 0), its gradient blocked only where it would push a clamped γ further down: a plain clamp would
+    keep a γ that touched 0 there for good, a straight-through one would let raw sink far below while pushed."""
+
+    class Clamp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, raw):
+            ctx.save_for_backward(raw)
+            return raw.clamp(min=0)
+
+        @staticmethod
+        def backward(ctx, grad):
+            raw, = ctx.saved_tensors
+            return torch.where((raw > 0) | (grad < 0), grad, torch.zeros_like(grad))  # descent moves raw by -grad
+
+    def forward(self, raw):
+        return NonNegative.Clamp.apply(raw)
 
 
 class MLP(nn.Module):
@@ -347,6 +341,14 @@ def next_token(logits, temperature, top_k, generator):
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float('-inf'))
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+
+
+# ---------------------------------------------------------------------------------------------- what the scripts read
+
+# the operator's keys and defaults, GPTConfig's fields from `operator` on: train.py takes them from here
+_fields = fields(GPTConfig)
+OPERATOR_DEFAULTS = {f.name: f.default for f in _fields[[f.name for f in _fields].index('operator'):]}
+OPERATOR_KEYS = tuple(OPERATOR_DEFAULTS)
 
 
 def gamma_delta(coefficients):  # (γ, δ) = (c_I / c_P, c_P) from a [..., 2] tensor of (c_I, c_P)
