@@ -53,15 +53,17 @@ def test_tiny_model_learns_and_logs_every_heads_gamma_delta_at_every_eval(traine
     assert json.loads((trained_run / 'config.json').read_text())['operator'] == 'corridor'
 
 
-def test_resume_logs_the_same_losses_bit_for_bit(tiny_data_root, tmp_path):
-    # dropout > 0, so the restored RNG state matters too
+def test_resume_logs_the_same_losses_bit_for_bit(tiny_data_root, tmp_path, monkeypatch, capsys):
+    """In this process (the quick tier; the Ctrl-C test below resumes through train.py's command line). Dropout > 0,
+    so the restored RNG state matters too."""
+    import train as train_module
     common = ['--operator=corridor', '--dropout=0.1', '--eval_interval=10', '--lr_decay_iters=40']
     whole, parts = tmp_path / 'whole', tmp_path / 'parts'
-    assert train(tiny_data_root, whole, *common, '--max_iters=40').returncode == 0
-    assert train(tiny_data_root, parts, *common, '--max_iters=20').returncode == 0
-    result = run_script('train.py', '--init_from=resume', f'--out_dir={parts}', '--max_iters=40', cwd=tiny_data_root)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert 'resuming at iter 20' in result.stdout
+    train_in_process(monkeypatch, tiny_data_root, whole, *common, '--max_iters=40')
+    train_in_process(monkeypatch, tiny_data_root, parts, *common, '--max_iters=20')
+    capsys.readouterr()
+    train_module.main(['--init_from=resume', f'--out_dir={parts}', '--max_iters=40'])
+    assert 'resuming at iter 20' in capsys.readouterr().out
     assert read_log(parts) == read_log(whole)  # every loss, every γ and δ, bit for bit
     a, b = (torch.load(p / 'ckpt.pt', weights_only=True)['model'] for p in (whole, parts))
     assert all(torch.equal(a[k], b[k]) for k in a)
