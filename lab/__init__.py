@@ -18,6 +18,7 @@ train.py's DEFAULTS), never the other way round but lazily, where a run asks for
     sweep.py        studies: variants × seeds trained, resumed and reported                  python -m lab.sweep
     studies.py      the studies' table: variants, settings, studies
     stats.py        paired t-tests, Holm, power (scipy.stats)
-    reports.py      each study's report: tables, claim lines and figures
+    reports.py      each study's report: the tables and figures every study shares
+    study_figures.py each study's own figures and claim lines, one function per study (FIGURES)
     figures.py      the lab's matplotlib setup, and the walk's figure over training (analyze.py's walk.png too)
 """

@@ -47,6 +47,7 @@ from train import DEFAULTS as TRAIN_DEFAULTS  # train.py's config keys and defau
 
 from lab import launch, pretrained
 from lab.reports import report
+from lab.study_figures import FIGURES, claims_figures, pretrained_figures
 from lab.studies import (CPU, FROZEN_SEED, PRETRAINED_GAMMAS, Part, SETTINGS, STUDIES, Study, frozen_gamma_path,
                          frozen_settings, millions, non_embedding_params, parse_variant, run_state)
 
@@ -315,13 +316,13 @@ def main(argv):
         variants = tuple(v for v in cfg['variants'].split(',') if v)
         setting = 'openwebtext/gpt2_124m' if cfg['gpu'] else None
         study = Study(f"{', '.join(variants)} from {setting or cfg['base']}",
-                      (Part(setting, variants, cfg['seeds'] or 3),), (), 'claims_figures')
-        parts = study.parts
+                      (Part(setting, variants, cfg['seeds'] or 3),), ())
+        parts, figures = study.parts, claims_figures
     else:
         if cfg['study'] not in STUDIES:
             raise UserError(f"unknown study {cfg['study']!r} (choose from {', '.join(STUDIES)})")
         name = cfg['study'] + ('-gpu' if cfg['gpu'] else '')
-        study, out = STUDIES[cfg['study']], os.path.join(cfg['out_root'], name)
+        study, out, figures = STUDIES[cfg['study']], os.path.join(cfg['out_root'], name), FIGURES[cfg['study']]
         parts = [p._replace(seeds=cfg['seeds'] or p.seeds) for p in (study.gpu_parts if cfg['gpu'] else study.parts)]
         if not parts:
             raise UserError(f"study {cfg['study']!r} has no {'GPU' if cfg['gpu'] else 'CPU'} runs; drop --gpu=True")
@@ -329,7 +330,7 @@ def main(argv):
     if cfg['plan']:
         return print_plan(runs)
     if not cfg['report_only']:
-        if study.figures == 'pretrained_figures':  # the frozen model's fixed-γ curve: evaluations, before any run
+        if figures is pretrained_figures:  # the frozen model's fixed-γ curve: evaluations, before any run
             if cfg['launcher'] == 'local' or cfg['frozen_only']:  # on the runs' device, as they evaluate
                 for setting in frozen_settings(parts):
                     frozen_gamma_losses(setting, cfg['out_root'], train_args=train_args)
@@ -347,7 +348,7 @@ def main(argv):
                 return  # jobs submitted or still queued: the report comes once every run is done
         else:
             train_all(runs, cfg['parallel'], cfg['gpus_per_run'])
-    report(name, study, runs, out)
+    report(name, study, runs, out, figures, without_runs=figures is pretrained_figures)
 
 
 if __name__ == '__main__':

@@ -108,13 +108,13 @@ MUTANTS = [
     Mutant('delta_orth_trace_by_d', 'lab/connection.py', "sums['delta_orth'] / count / math.sqrt(d)",
            "sums['delta_orth'] / count / d", k('test_walk.py', 'naive')),
     # the study reports
-    Mutant('dynamics_quarter_at_half', 'lab/reports.py', 'gamma[int(0.75 * (len(gamma) - 1)):]',
+    Mutant('dynamics_quarter_at_half', 'lab/study_figures.py', 'gamma[int(0.75 * (len(gamma) - 1)):]',
            'gamma[int(0.5 * (len(gamma) - 1)):]', k('test_sweep.py', 'report_states or pretrained_report')),
-    Mutant('scales_occupancy_all_layers', 'lab/reports.py', "{cell} | {c['occupancy_beyond_first']:.0%}",
+    Mutant('scales_occupancy_all_layers', 'lab/study_figures.py', "{cell} | {c['occupancy_beyond_first']:.0%}",
            "{cell} | {c['occupancy']:.0%}", k('test_sweep.py', 'report_states')),
-    Mutant('geometry_base_not_averaged', 'lab/reports.py', 'cells = [f"{statistics.fmean(base.values()):.4g}"]',
+    Mutant('geometry_base_not_averaged', 'lab/study_figures.py', 'cells = [f"{statistics.fmean(base.values()):.4g}"]',
            'cells = [f"{max(base.values()):.4g}"]', k('test_sweep.py', 'report_states')),
-    Mutant('pretrained_frozen_from_last_eval', 'lab/reports.py', "- loaded[(a, s)]['log'][0]['val_loss']",
+    Mutant('pretrained_frozen_from_last_eval', 'lab/study_figures.py', "- loaded[(a, s)]['log'][0]['val_loss']",
            "- loaded[(a, s)]['log'][1]['val_loss']", k('test_sweep.py', 'pretrained_report')),
     # the operator inside a transformers model
     Mutant('hf_identity_wrong_kv_head', 'lab/pretrained.py', '.repeat_interleave(H // value.shape[1], dim=1)',
