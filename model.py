@@ -7,7 +7,7 @@ Plain attention is (c_I, c_P) = (0, 1); the convex corridor δ(γI + P) is (δγ
 mix of attention P and the negative Laplacian P − I. OPERATORS is the whole family; apply_operator is its one line,
 `c_I * v + c_P * pv`, which CausalSelfAttention applies after P·V from F.scaled_dot_product_attention (training,
 sampling: the fast path, torch.compile fuses the line) or from P built explicitly (analysis: the math path), and a
-pretrained model's attention applies too (lab/): edit it, and what every model trains changes.
+pretrained model's attention applies it too (lab/pretrained.py): edit it, and what every model trains changes.
 """
 
 import math
@@ -153,7 +153,7 @@ class CausalSelfAttention(nn.Module):
         # [B, T, H, hs], SDPA's output layout: merging the heads is then a free view (a copy ran 11 % slower)
         v, pv = v.transpose(1, 2), pv.transpose(1, 2)
         if self.coefficients.is_plain_attention:
-            y = pv  # (c_I, c_P) = (0, 1): attention stays nanoGPT's, whatever the line below becomes
+            y = pv  # (c_I, c_P) = (0, 1): attention stays nanoGPT's, whatever apply_operator becomes
         else:
             c_I, c_P = (c.view(-1, 1) for c in self.coefficients())  # this layer's operator: [H, 1] each
             y = apply_operator(c_I, c_P, v, pv)                      # out_h = c_I·V_h + c_P·(P_h V_h)

@@ -1,8 +1,8 @@
 """
 The research lab beside the core: every tool here imports the core (model.py, common.py, sources.py, analyze.py,
 train.py's DEFAULTS), never the other way round but lazily, where a run asks for it: a pretrained source
-(sources.py reaches lab/gpt2.py and lab/pretrained.py) and walk_interval (train.py reaches lab/connection.py), and a run's logged walk
-(analyze.py reaches lab/figures.py). Each tool is run from the repository root as `python -m lab.<tool>`.
+(sources.py reaches lab/gpt2.py and lab/pretrained.py), walk_interval (train.py reaches lab/connection.py) and a
+run's logged walk (analyze.py reaches lab/figures.py). Each tool is run from the repository root as `python -m lab.<tool>`.
 
     connection.py   the connection-walk math: A_eff, transports, drift, δ_orth, Gram dominance
     walk.py         its command line: any model over a text, per-layer tables and plots      python -m lab.walk
