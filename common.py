@@ -112,7 +112,7 @@ def model_config(config):
     return c
 
 
-GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')  # OpenAI's checkpoints (lab/hf.py's gpt2 reads them)
+GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')  # OpenAI's checkpoints (lab/gpt2.py reads them)
 
 
 def gpt2_encoding():

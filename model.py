@@ -4,9 +4,10 @@ GPT-2 (as nanoGPT builds it) where every attention head applies an operator from
     out_h = c_I·V_h + c_P·(P_h V_h)        P_h = causal softmax(Q_h K_hᵀ / √d_head)
 
 Plain attention is (c_I, c_P) = (0, 1); the convex corridor δ(γI + P) is (δγ, δ), for −1 < γ < 0 a scaled convex
-mix of attention P and the negative Laplacian P − I. OPERATORS is the whole family; CausalSelfAttention applies it
-in one line, `y = c_I * v + c_P * pv`, after P·V from F.scaled_dot_product_attention (training, sampling: the fast
-path, torch.compile fuses the line) or from P built explicitly (analysis: the math path): edit it, and training does.
+mix of attention P and the negative Laplacian P − I. OPERATORS is the whole family; apply_operator is its one line,
+`c_I * v + c_P * pv`, which CausalSelfAttention applies after P·V from F.scaled_dot_product_attention (training,
+sampling: the fast path, torch.compile fuses the line) or from P built explicitly (analysis: the math path), and a
+pretrained model's attention applies it too (lab/pretrained.py): edit it, and what every model trains changes.
 """
 
 import math
@@ -42,12 +43,6 @@ class GPTConfig:
         return 64 * math.ceil(self.vocab_size / 64)
 
 
-# the operator's keys and defaults, GPTConfig's fields from `operator` on: train.py takes them from here
-_fields = fields(GPTConfig)
-OPERATOR_DEFAULTS = {f.name: f.default for f in _fields[[f.name for f in _fields].index('operator'):]}
-OPERATOR_KEYS = tuple(OPERATOR_DEFAULTS)
-
-
 # The operator family: every form is out_h = c_I·V_h + c_P·(P_h V_h) with its own per-head (c_I, c_P).
 #
 #   operator    per-head scalars   from (γ0, δ0)            c_I     c_P      γ = c_I/c_P    δ = c_P
@@ -60,6 +55,9 @@ OPERATOR_KEYS = tuple(OPERATOR_DEFAULTS)
 #
 # Every learnable form starts from (γ0, δ0) = (gamma_init, delta_init): by default, as attention. A sixth form is one
 # more entry. Which scalars learn, and γ ≥ 0, are properties of the parameters, never branches in forward().
+# What the table can hold: two scalars per head that give (c_I, c_P), so a head's output is its own V and P·V mixed.
+# The KV cache, the walk and the logs rely on that; a form with another term (c_2·P²V, a mix across heads) is not
+# an entry but an edit of apply_operator and of what feeds it (tests/test_model.py's cache check runs on every form).
 
 class OperatorForm(NamedTuple):
     params: tuple           # names of the per-head scalars
@@ -85,6 +83,12 @@ OPERATORS = {
     'alpha_beta': OperatorForm(('alpha', 'beta'), learnable=True, init=lambda g0, d0, config: (d0 * (1 + g0), d0 * g0),
                                coefficients=lambda alpha, beta: (beta, alpha - beta)),
 }
+
+
+def apply_operator(c_I, c_P, v, pv):
+    """out_h = c_I·V_h + c_P·(P_h V_h): the line every model here trains through, our GPT's two attention paths and a
+    pretrained model's attention alike; torch.compile fuses it into the kernels around it."""
+    return c_I * v + c_P * pv
 
 
 class OperatorCoefficients(nn.Module):
@@ -115,25 +119,6 @@ class OperatorCoefficients(nn.Module):
         return tuple(c.expand(self.n_head) if torch.is_tensor(c) else
                      torch.full((self.n_head,), c, dtype=self.anchor.dtype, device=self.anchor.device)
                      for c in self.form.coefficients(*(getattr(self, name) for name in self.form.params)))
-
-
-class NonNegative(nn.Module):
-    """γ = max(raw, 0), its gradient blocked only where it would push a clamped γ further down: a plain clamp would
-    keep a γ that touched 0 there for good, a straight-through one would let raw sink far below while pushed."""
-
-    class Clamp(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, raw):
-            ctx.save_for_backward(raw)
-            return raw.clamp(min=0)
-
-        @staticmethod
-        def backward(ctx, grad):
-            raw, = ctx.saved_tensors
-            return torch.where((raw > 0) | (grad < 0), grad, torch.zeros_like(grad))  # descent moves raw by -grad
-
-    def forward(self, raw):
-        return NonNegative.Clamp.apply(raw)
 
 
 class CausalSelfAttention(nn.Module):
@@ -168,11 +153,30 @@ class CausalSelfAttention(nn.Module):
         # [B, T, H, hs], SDPA's output layout: merging the heads is then a free view (a copy ran 11 % slower)
         v, pv = v.transpose(1, 2), pv.transpose(1, 2)
         if self.coefficients.is_plain_attention:
-            y = pv  # (c_I, c_P) = (0, 1): attention stays nanoGPT's, whatever the line below becomes
+            y = pv  # (c_I, c_P) = (0, 1): attention stays nanoGPT's, whatever apply_operator becomes
         else:
             c_I, c_P = (c.view(-1, 1) for c in self.coefficients())  # this layer's operator: [H, 1] each
-            y = c_I * v + c_P * pv                                    # out_h = c_I·V_h + c_P·(P_h V_h)
+            y = apply_operator(c_I, c_P, v, pv)                      # out_h = c_I·V_h + c_P·(P_h V_h)
         return self.resid_dropout(self.c_proj(y.reshape(B, T, C))), probs
+
+
+class NonNegative(nn.Module):
+    """γ = max(raw, 0), its gradient blocked only where it would push a clamped γ further down: a plain clamp would
+    keep a γ that touched 0 there for good, a straight-through one would let raw sink far below while pushed."""
+
+    class Clamp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, raw):
+            ctx.save_for_backward(raw)
+            return raw.clamp(min=0)
+
+        @staticmethod
+        def backward(ctx, grad):
+            raw, = ctx.saved_tensors
+            return torch.where((raw > 0) | (grad < 0), grad, torch.zeros_like(grad))  # descent moves raw by -grad
+
+    def forward(self, raw):
+        return NonNegative.Clamp.apply(raw)
 
 
 class MLP(nn.Module):
@@ -337,6 +341,14 @@ def next_token(logits, temperature, top_k, generator):
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float('-inf'))
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+
+
+# ---------------------------------------------------------------------------------------------- what the scripts read
+
+# the operator's keys and defaults, GPTConfig's fields from `operator` on: train.py takes them from here
+_fields = fields(GPTConfig)
+OPERATOR_DEFAULTS = {f.name: f.default for f in _fields[[f.name for f in _fields].index('operator'):]}
+OPERATOR_KEYS = tuple(OPERATOR_DEFAULTS)
 
 
 def gamma_delta(coefficients):  # (γ, δ) = (c_I / c_P, c_P) from a [..., 2] tensor of (c_I, c_P)

@@ -98,8 +98,8 @@ def write_subword(out, texts, source, tokenizer_name, dataset):
     if tokenizer_name == 'gpt2':
         enc = gpt2_encoding()
         return write_small(out, *map(enc.encode_ordinary, texts), source, 'gpt2', enc.n_vocab)
-    from lab import hf  # a pretrained model's own tokenizer: the lab's (and transformers')
-    encode, vocab_size, extra = hf.data_tokenizer(tokenizer_name)
+    from lab import hf_tokenizer  # a pretrained model's own tokenizer: the lab's (and transformers')
+    encode, vocab_size, extra = hf_tokenizer.data_tokenizer(tokenizer_name)
     write_small(out, *map(encode, texts), source, 'hf', vocab_size, dataset=dataset, **extra)
 
 
@@ -176,8 +176,8 @@ def prepare_text(out, args):
         ids = [i for doc in documents for i in encode(doc)]
         vocab_size = len(itos)
     elif args.tokenizer != 'gpt2':  # a pretrained model's own, its end-of-sequence token after each document
-        from lab import hf
-        encode, vocab_size, extra = hf.data_tokenizer(args.tokenizer)
+        from lab import hf_tokenizer
+        encode, vocab_size, extra = hf_tokenizer.data_tokenizer(args.tokenizer)
         itos, end = None, [extra['eot_token']] if 'eot_token' in extra else []
         ids = [i for doc in tqdm(documents, desc='documents', unit='doc') for i in encode(doc) + end]
     else:

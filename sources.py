@@ -1,6 +1,6 @@
 """
 What the scripts read: prepared data, run folders (ckpt.pt, log.jsonl), and the models they hold or come from: ours,
-or a pretrained one (GPT-2 as ours, any other causal LM) through lab/hf.py, imported only when one is asked for (it
+or a pretrained one (GPT-2 as ours, any other causal LM) through lab/gpt2.py and lab/pretrained.py, imported only when one is asked for (it
 imports common.py and model.py, never this file); and the tokenizer that goes with each.
 """
 
@@ -71,8 +71,8 @@ def tokenizer_from_meta(meta):
             return [stoi[c] for c in text]
         return encode, lambda ids: ''.join(itos[i] for i in ids)
     if meta['tokenizer'] == 'hf':
-        from lab import hf
-        return hf.hf_codec(meta['tokenizer_source'])
+        from lab import hf_tokenizer
+        return hf_tokenizer.hf_codec(meta['tokenizer_source'])
     enc = gpt2_encoding()
     return (lambda text: enc.encode(text, allowed_special={'<|endoftext|>'})), enc.decode
 
@@ -101,16 +101,16 @@ def is_gpt2(source):
 
 def load_model(source, **overrides):
     """(model, meta as a meta.json names its tokenizer) of a run folder, GPT-2 (as our GPT) or another pretrained causal
-    LM (a packaged model, .gguf file, transformers folder, hub name: lab/hf.py names each when a source is none).
+    LM (a packaged model, .gguf file, transformers folder, hub name: lab/hf_sources.py names each when a source is none).
     overrides: keys that carry no weights (dropout; a pretrained model's operator keys)."""
     if is_gpt2(source):
-        from lab import hf
-        return hf.gpt2(source, **overrides), dict(tokenizer='gpt2', vocab_size=50257)
+        from lab.gpt2 import gpt2
+        return gpt2(source, **overrides), dict(tokenizer='gpt2', vocab_size=50257)
     if os.path.isfile(os.path.join(source, 'ckpt.pt')):
         ckpt = load_checkpoint(os.path.join(source, 'ckpt.pt'))
         return model_from_checkpoint(ckpt, **overrides), ckpt['meta']
-    from lab import hf  # dropout: a pretrained model keeps its own
-    return hf.load_pretrained(source, **{k: v for k, v in overrides.items() if k != 'dropout'})
+    from lab import pretrained  # dropout: a pretrained model keeps its own
+    return pretrained.load_pretrained(source, **{k: v for k, v in overrides.items() if k != 'dropout'})
 
 
 def load_checkpoint(path, map_location='cpu', mmap=False):
@@ -136,9 +136,10 @@ def model_from_checkpoint(ckpt, **overrides):
     if source is None or weights == 'all' and is_gpt2(source):  # (a fine-tuned GPT-2: every weight in the file)
         model = GPT(GPTConfig(**args))
     else:
-        from lab import hf
-        model = hf.gpt2(source, dropout=args['dropout'], **operator) if is_gpt2(source) else \
-            hf.load_pretrained(source, **operator)[0]
+        from lab import pretrained
+        from lab.gpt2 import gpt2
+        model = gpt2(source, dropout=args['dropout'], **operator) if is_gpt2(source) else \
+            pretrained.load_pretrained(source, **operator)[0]
     state = {k.removeprefix('_orig_mod.'): v for k, v in ckpt['model'].items()}  # saved from a compiled model
     if weights == 'operator':
         missing, unexpected = model.load_state_dict(state, strict=False)

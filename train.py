@@ -152,7 +152,7 @@ def prepare_if_missing(cfg):
 
 def build_model(cfg, data, ckpt):
     """The model to train: from the checkpoint, from scratch, or a pretrained one (OpenAI's GPT-2 as our GPT, another
-    causal LM as lab.hf.PretrainedLM) with the configured operator; with train_only='operator', every weight but the
+    causal LM as lab.pretrained.PretrainedLM) with the configured operator; with train_only='operator', every weight but the
     operator's scalars frozen. It must read the data as tokenized, and fit its context."""
     if ckpt is not None:  # the architecture stays; dropout and operator_lr_mult are training settings it may change
         model = model_from_checkpoint(ckpt, dropout=cfg.dropout, operator_lr_mult=cfg.operator_lr_mult)

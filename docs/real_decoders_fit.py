@@ -14,7 +14,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lab.hf import parameter_count  # noqa: E402
+from lab.pretrained import parameter_count  # noqa: E402
 from lab.stats import line_fit  # noqa: E402
 
 REGIMES = ('initial', 'middle', 'final')

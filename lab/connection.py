@@ -59,7 +59,7 @@ from model import GPT
 
 class TextCodec(NamedTuple):
     """How a model reads text: its content tokens, and the special tokens its tokenizer puts around a sequence
-    (lab/walk.py samples sequences with it; lab/hf.py builds one for each Hugging Face tokenizer)."""
+    (lab/walk.py samples sequences with it; lab/hf_walk.py builds one for each Hugging Face tokenizer)."""
     encode: Callable          # text -> token ids, no special tokens
     prefix: tuple = ()        # e.g. BERT's [CLS], Llama's <|begin_of_text|>
     suffix: tuple = ()        # e.g. BERT's [SEP]
@@ -91,7 +91,7 @@ class GPTWalk:
     """Our GPT (a run folder, or OpenAI's GPT-2 read through sources.load_model) as a walk source. A walk source
     gives: `module` (its nn.Module), `causal`, `specials` (how many positions at the start and the end of every
     sequence are special tokens, left out of an encoder's edges), `layers()` (a WalkLayer per layer) and
-    `attention_probs(idx)` (every layer's P [B, H, T, T]). hf.HFWalk is the other one."""
+    `attention_probs(idx)` (every layer's P [B, H, T, T]). hf_walk.HFWalk is the other one."""
     causal = True
     specials = (0, 0)
 
@@ -239,7 +239,7 @@ def exact_float32_matmuls():
 @exact_float32_matmuls()
 def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, batch_size=None, progress=False,
                            gram_edges=0, seed=0):
-    """Per-layer connection-walk diagnostics of `model` (our GPT, or a walk source such as hf.HFWalk) on token
+    """Per-layer connection-walk diagnostics of `model` (our GPT, or a walk source such as hf_walk.HFWalk) on token
     sequences idx [N, T] (see the module docstring). An encoder's sequences must all be [CLS] … [SEP], unpadded.
 
     full_operator: walk weights c_I·I + c_P·P of the operator instead of the attention probabilities alone.

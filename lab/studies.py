@@ -1,8 +1,8 @@
 """
 The studies' table: what each variant changes in the operator (VARIANTS), each setting's corpus, size and budget
 (SETTINGS), and each study's runs and question (STUDIES); where a run lives and whether it is finished. The
-command that trains and reports them is lab/sweep.py; their statistics are lab/stats.py, their reports and
-figures lab/reports.py.
+command that trains and reports them is lab/sweep.py; their statistics are lab/stats.py, their reports
+lab/reports.py, each study's own figures lab/study_figures.py (its FIGURES names the function of every study here).
 """
 
 import ast
@@ -154,7 +154,6 @@ class Study(NamedTuple):
     question: str
     parts: tuple         # at CPU scale
     gpu_parts: tuple     # the same study on one GPU (--gpu=True)
-    figures: str         # the function below that adds the study's own figures and verdicts to its report
 
 
 # the pretrained study's fixed γ with δ learned: the best γ of the frozen model's curve (PRETRAINED_GAMMAS below)
@@ -173,21 +172,18 @@ STUDIES = {
         "The paper's claims (a)–(d), and whether the forms behave alike",
         parts=tuple(Part(s, CLAIMS, 3) for s in ('shakespeare_char/small', 'wikitext2_char/small')),
         # at 12 heads, a quarter of them Laplacian (3), as 1 of 4 at CPU scale
-        gpu_parts=(Part('openwebtext/gpt2_124m', tuple(v if v != 'laplacian' else 'laplacian=3' for v in CLAIMS), 3),),
-        figures='claims_figures'),
+        gpu_parts=(Part('openwebtext/gpt2_124m', tuple(v if v != 'laplacian' else 'laplacian=3' for v in CLAIMS), 3),)),
     'fixed_gamma': Study(
         "Claim (d): does some fixed γ inside the corridor, δ = 1, beat attention?",
         parts=tuple(Part(s, FIXED_GAMMA, 3) for s in ('shakespeare_char/small', 'wikitext2_char/small')),
-        gpu_parts=(Part('openwebtext/gpt2_124m', FIXED_GAMMA, 3),),
-        figures='fixed_gamma_figures'),
+        gpu_parts=(Part('openwebtext/gpt2_124m', FIXED_GAMMA, 3),)),
     'scales': Study(
         "Claim (a) across scales: does the learnable corridor's gain hold from 0.1M to 2.7M parameters?",
         # eight seeds where runs are cheap (tiny: 20 s), three where they are not (medium-x2: 7 min on one core)
         parts=tuple(Part(f'{corpus}/{size}', ('attention', 'corridor'), 8 if size == 'tiny' else 3)
                     for corpus in ('shakespeare_char', 'wikitext2_char') for size in ('tiny', 'small', 'medium-x2')),
         gpu_parts=tuple(Part(f'openwebtext/{size}', ('attention', 'corridor'), 3)
-                        for size in ('gpt2_30m', 'gpt2_124m', 'gpt2_350m')),
-        figures='scales_figures'),
+                        for size in ('gpt2_30m', 'gpt2_124m', 'gpt2_350m'))),
     'gamma_dynamics': Study(
         "Claim (b): where do heads settle, from γ0 = 0 and from γ0 ~ U(−0.5, 0.5), at operator_lr_mult 1 and 10?",
         # three seeds for the corridor from γ0 = 0 and from the spread start, trained first (the claim rests on
@@ -196,16 +192,14 @@ STUDIES = {
                Part('shakespeare_char/small-long', ('attention',), 3),
                Part('shakespeare_char/small-long', ('corridor_lr', 'corridor_spread_lr'), 1),
                Part('wikitext2/small-1k', ('attention', 'corridor'), 1)),
-        gpu_parts=(Part('openwebtext/gpt2_124m-long', DYNAMICS, 1),),
-        figures='gamma_dynamics_figures'),
+        gpu_parts=(Part('openwebtext/gpt2_124m-long', DYNAMICS, 1),)),
     # Claims (a) and (c) in the one cell where (a) passed (Tiny Shakespeare, base size, p ≈ 0.012 over seeds 0-2),
     # again with 8 seeds that no other study uses (they all start at seed 0 and use at most 8), named before the runs
     # were read: reported as a replication whatever it shows.
     'replication': Study(
         "Replication of claims (a) and (c) at the base size on Tiny Shakespeare, 8 fresh seeds (100-107)",
         parts=(Part('shakespeare_char/small', ('attention', 'corridor', 'gamma_nonneg'), 8, first_seed=100),),
-        gpu_parts=(),
-        figures='replication_figures'),
+        gpu_parts=()),
     # Claim (d) given the power to decide it: the fixed-γ grid's 3 seeds detect 0.0075–0.095 nats, while the effect to
     # expect is the learnable corridor's (0.002–0.003). WikiText-2 (char), where the fixed-γ pairs spread least (SD
     # ~0.0035 at γ = −0.1), 48 seeds no other study uses (200–247). Primary tests, named before any run was read:
@@ -214,8 +208,7 @@ STUDIES = {
         "Claim (d) with the seeds to decide it: does a fixed γ = −0.1 or −0.2 (δ = 1) beat attention on WikiText-2?",
         parts=(Part('wikitext2_char/small', ('attention', 'fixed_gamma=-0.1', 'fixed_gamma=-0.2', 'corridor'), 48,
                     first_seed=200),),
-        gpu_parts=(),
-        figures='fixed_gamma_powered_figures'),
+        gpu_parts=()),
     # Claim (a) where γ has had time to move: 4× the base budget on both corpora, 24 fresh seeds (300-323), the
     # learnable corridor from γ0 = 0 at the operator's base learning rate and at a higher one (its multiplier chosen
     # by the pilot below, before any of these runs), and fixed γ = −0.1 (δ = 1) as the positive control. Primary:
@@ -226,23 +219,20 @@ STUDIES = {
         # more than one sitting of 2 cores) has the same seeds on both
         parts=tuple(Part(f'{corpus}/small-x4', SETTLED, 1, first_seed=seed)
                     for seed in range(300, 324) for corpus in ('wikitext2_char', 'shakespeare_char')),
-        gpu_parts=(),
-        figures='corridor_settled_figures'),
+        gpu_parts=()),
     # its pilot: the learnable corridor at operator_lr_mult 1, 3, 10 and 30, one seed (900, no other study's), on
     # each corpus at the same budget; the rule that picks the multiplier from it is in docs/studies.md
     'corridor_settled_pilot': Study(
         "Pilot of corridor_settled: which operator learning-rate multiplier lets γ settle within 4× the base budget?",
         parts=tuple(Part(f'{corpus}/small-x4', ('corridor', 'corridor_lr=3.0', 'corridor_lr', 'corridor_lr=30.0'), 1,
                          first_seed=900) for corpus in ('wikitext2_char', 'shakespeare_char')),
-        gpu_parts=(),
-        figures='corridor_settled_pilot_figures'),
+        gpu_parts=()),
     'ladder': Study(
         "Claim (a) on a scale ladder at equal tokens per parameter: does the corridor's gain change with size?",
         # six seeds where runs take minutes, three at the largest (~20 min each on a free core)
         parts=tuple(Part(f'shakespeare_char/{name}', ('attention', 'corridor'), 3 if name == 'ladder-l' else 6)
                     for name in LADDER_SIZES),
-        gpu_parts=(),
-        figures='scales_figures'),
+        gpu_parts=()),
     'pretrained': Study(
         "A pretrained LM's heads given the corridor, every other weight frozen: does learning γ and δ lower held-out "
         "loss beyond learning δ alone (γ = 0), and beyond the frozen model? Where does γ settle?",
@@ -253,14 +243,12 @@ STUDIES = {
                Part('wikitext2_smollm2-135m/operator', (f'fixed_gamma_delta={PRETRAINED_FIXED_GAMMA}', 'alpha',
                                                          'alpha_beta'), 4)),
         gpu_parts=(Part('wikitext2_qwen2.5-0.5b/operator', ('corridor', 'delta_only'), 3),
-                   Part('wikitext2_qwen2.5-0.5b/full', ('corridor', 'delta_only'), 3)),
-        figures='pretrained_figures'),
+                   Part('wikitext2_qwen2.5-0.5b/full', ('corridor', 'delta_only'), 3))),
     'geometry': Study(
         "The two papers joined: does the corridor change the connection walk (drift, δ_orth, ‖A_eff‖_F, Gram "
         "dominance) beyond the seed spread, and does the change track γ during training?",
         parts=tuple(Part(s, GEOMETRY, 3) for s in ('shakespeare_char/small', 'wikitext2_char/small')),
-        gpu_parts=(Part('openwebtext/gpt2_124m', GEOMETRY, 3),),
-        figures='geometry_figures'),
+        gpu_parts=(Part('openwebtext/gpt2_124m', GEOMETRY, 3),)),
 }
 
 

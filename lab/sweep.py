@@ -45,8 +45,9 @@ from model import GPT
 from sources import Data, check_tokenizer
 from train import DEFAULTS as TRAIN_DEFAULTS  # train.py's config keys and defaults: every run a study plans is checked against them
 
-from lab import hf, launch
+from lab import launch, pretrained
 from lab.reports import report
+from lab.study_figures import FIGURES, claims_figures, pretrained_figures
 from lab.studies import (CPU, FROZEN_SEED, PRETRAINED_GAMMAS, Part, SETTINGS, STUDIES, Study, frozen_gamma_path,
                          frozen_settings, millions, non_embedding_params, parse_variant, run_state)
 
@@ -117,7 +118,7 @@ def print_plan(runs):
             flops, params, non_embedding = flops_per_token(model, config['block_size'], config['train_only'] == 'all'), model.get_num_params(), \
                 non_embedding_params(config)
         else:  # a pretrained transformers model: counted from its config; frozen weights need no weight gradients
-            params, non_embedding = hf.parameter_count(config['init_from'])
+            params, non_embedding = pretrained.parameter_count(config['init_from'])
             flops = (4 if config['train_only'] == 'operator' else 6) * params  # no weight gradients when frozen
             prepared = os.path.isfile(os.path.join(config['data_root'], config['dataset'], 'meta.json'))
             vocab = vocab if prepared else 'its own'  # (not GPT-2's: dataset_vocab's guess for a BPE dataset)
@@ -247,7 +248,7 @@ def frozen_gamma_losses(setting, out_root, gammas=PRETRAINED_GAMMAS, seed=FROZEN
     todo = [g for g in gammas if f'{g:+g}' not in saved['losses']]
     if todo:
         data = Data(cfg.data_root, cfg.dataset, cfg.block_size, cfg.batch_size, cfg.device)
-        model, _ = hf.load_pretrained(cfg.init_from, operator='corridor', learn_gamma=False, learn_delta=False)
+        model, _ = pretrained.load_pretrained(cfg.init_from, operator='corridor', learn_gamma=False, learn_delta=False)
         check_tokenizer(model, data.meta, data.dir)
         dtype = resolve_dtype(cfg.dtype, cfg.device)  # as train.py: its autocast, its compiled model
         autocast = contextlib.nullcontext() if dtype == 'float32' else \
@@ -257,7 +258,7 @@ def frozen_gamma_losses(setting, out_root, gammas=PRETRAINED_GAMMAS, seed=FROZEN
         offsets = data.offsets('val', cfg.eval_iters, torch.Generator().manual_seed(cfg.seed + 1000 + 1))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         for gamma in todo:
-            for attn in hf.attention_modules(model.lm):
+            for attn in pretrained.attention_modules(model.lm):
                 attn.coefficients.gamma.fill_(gamma)
             start, losses = time.time(), []
             with torch.no_grad(), autocast:
@@ -315,13 +316,13 @@ def main(argv):
         variants = tuple(v for v in cfg['variants'].split(',') if v)
         setting = 'openwebtext/gpt2_124m' if cfg['gpu'] else None
         study = Study(f"{', '.join(variants)} from {setting or cfg['base']}",
-                      (Part(setting, variants, cfg['seeds'] or 3),), (), 'claims_figures')
-        parts = study.parts
+                      (Part(setting, variants, cfg['seeds'] or 3),), ())
+        parts, figures = study.parts, claims_figures
     else:
         if cfg['study'] not in STUDIES:
             raise UserError(f"unknown study {cfg['study']!r} (choose from {', '.join(STUDIES)})")
         name = cfg['study'] + ('-gpu' if cfg['gpu'] else '')
-        study, out = STUDIES[cfg['study']], os.path.join(cfg['out_root'], name)
+        study, out, figures = STUDIES[cfg['study']], os.path.join(cfg['out_root'], name), FIGURES[cfg['study']]
         parts = [p._replace(seeds=cfg['seeds'] or p.seeds) for p in (study.gpu_parts if cfg['gpu'] else study.parts)]
         if not parts:
             raise UserError(f"study {cfg['study']!r} has no {'GPU' if cfg['gpu'] else 'CPU'} runs; drop --gpu=True")
@@ -329,7 +330,7 @@ def main(argv):
     if cfg['plan']:
         return print_plan(runs)
     if not cfg['report_only']:
-        if study.figures == 'pretrained_figures':  # the frozen model's fixed-γ curve: evaluations, before any run
+        if figures is pretrained_figures:  # the frozen model's fixed-γ curve: evaluations, before any run
             if cfg['launcher'] == 'local' or cfg['frozen_only']:  # on the runs' device, as they evaluate
                 for setting in frozen_settings(parts):
                     frozen_gamma_losses(setting, cfg['out_root'], train_args=train_args)
@@ -347,7 +348,7 @@ def main(argv):
                 return  # jobs submitted or still queued: the report comes once every run is done
         else:
             train_all(runs, cfg['parallel'], cfg['gpus_per_run'])
-    report(name, study, runs, out)
+    report(name, study, runs, out, figures, without_runs=figures is pretrained_figures)
 
 
 if __name__ == '__main__':

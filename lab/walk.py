@@ -22,7 +22,7 @@ from common import GPT2_NAMES, UserError, atomic_write, main_guard
 from model import GPT
 from sources import load_model, tokenizer_from_meta
 
-from lab import hf
+from lab import gguf_files, hf_sources, hf_walk, pretrained
 from lab.connection import GPTWalk, TextCodec, connection_diagnostics, depth_regimes
 from lab.figures import plt, save
 
@@ -92,18 +92,18 @@ def source_kind(source):
         return 'run'
     if source in GPT2_NAMES:
         return 'gpt2'
-    return hf.model_type(source)
+    return hf_sources.model_type(source)
 
 
 def load_source(source, kind, device):
     """(walk source, TextCodec, longest sequence it takes) for a run folder, a GPT-2 name or folder (read as our GPT),
-    or a Llama / Qwen2 / Qwen3 / Gemma 3 / BERT folder, .gguf file or packaged model (lab/hf.py)."""
+    or a Llama / Qwen2 / Qwen3 / Gemma 3 / BERT folder, .gguf file or packaged model (lab/hf_walk.py)."""
     if kind in ('run', 'gpt2'):
         model, meta = load_model(source)
-        if isinstance(model, hf.PretrainedLM):  # a run that fine-tuned a pretrained transformers model
-            return hf.run_walk(model, device)
+        if isinstance(model, pretrained.PretrainedLM):  # a run that fine-tuned a pretrained transformers model
+            return hf_walk.run_walk(model, device)
         return GPTWalk(model.to(device)), TextCodec(tokenizer_from_meta(meta)[0]), model.config.block_size
-    return hf.load(source, device)
+    return hf_walk.load(source, device)
 
 
 def random_twin(walker, seed):
@@ -112,7 +112,7 @@ def random_twin(walker, seed):
         torch.manual_seed(seed)
         device = next(walker.module.parameters()).device
         return GPTWalk(GPT(walker.module.config).to(device))
-    return hf.random_twin(walker, seed)
+    return hf_walk.random_twin(walker, seed)
 
 
 def architecture(walker):
@@ -397,8 +397,8 @@ def run_diagnostics(args):
     if min(args.n_seqs, args.seq_len, args.sweep_seqs) < 1 or args.gram_edges < 0:
         raise UserError("--n_seqs, --seq_len and --sweep_seqs must be >= 1, --gram_edges >= 0")
     quantize = [q for q in args.quantize.split(',') if q] if args.quantize else []
-    if set(quantize) - set(hf.GGUF_ROUNDINGS):
-        raise UserError(f"--quantize {args.quantize!r}: choose from {', '.join(hf.GGUF_ROUNDINGS)}")
+    if set(quantize) - set(gguf_files.GGUF_ROUNDINGS):
+        raise UserError(f"--quantize {args.quantize!r}: choose from {', '.join(gguf_files.GGUF_ROUNDINGS)}")
     kinds = {source: source_kind(source) for source in args.sources}  # a bad source fails before any slow loading
     names = [os.path.basename(os.path.normpath(source)) for source in args.sources]
     if len(set(names)) < len(names):
@@ -432,7 +432,7 @@ def run_diagnostics(args):
                                                                        f'{name}, random init')[1]
             for qtype in quantize:  # the same sequences through the weights GGUF rounding leaves: the error bar
                 entry.setdefault('gguf_rounded', {}).setdefault(qtype, {})[part] = walk_model(
-                    hf.gguf_rounded(walker, qtype), idx.to(device), None, part, args, f'{name}, {qtype}')[1]
+                    gguf_files.gguf_rounded(walker, qtype), idx.to(device), None, part, args, f'{name}, {qtype}')[1]
         saved[name] = entry
         del walker, twin
     with atomic_write(os.path.join(out, 'diagnostics.json')) as f:

@@ -28,8 +28,9 @@ needs_wikitext = pytest.mark.skipif(not WIKITEXT_TEST.is_file(), reason=f"no loc
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The quick tier (`python -m pytest -m quick`, about a minute and a half on 2 cores): what an edit to the model or
-# the loop most likely breaks. The operator's identities, the fast path against the math path (values and
+# The quick tier (`python -m pytest -m quick`, under a minute on 2 cores as README says; its train tests train in
+# this process, since a train.py process spends most of its time starting): what an edit to the model or the loop
+# most likely breaks. The operator's identities, the fast path against the math path (values and
 # gradients), causality, the KV cache, finite-difference gradients, the optimizer's groups, a tiny run that learns,
 # gradient accumulation, and resume = uninterrupted. The whole suite is what CI runs.
 QUICK = {
@@ -131,10 +132,14 @@ def tiny_data_root(tmp_path_factory):
 
 @pytest.fixture(scope='session')
 def trained_run(tiny_data_root, tmp_path_factory):
-    """A finished tiny corridor run (out_dir with ckpt.pt, log.jsonl with the walk geometry, config.json)."""
+    """A finished tiny corridor run (out_dir with ckpt.pt, log.jsonl with the walk geometry, config.json), trained
+    in this process: a train.py process would spend most of its time starting (the quick tier's cost)."""
+    import signal
+    import train
     out = tmp_path_factory.mktemp('run') / 'out'
-    result = run_script('train.py', *TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', f'--out_dir={out}',
-                        '--operator=corridor', '--init_spread=0.2', '--max_iters=60', '--lr_decay_iters=60',
-                        '--eval_interval=20', '--walk_interval=20', '--walk_seqs=4', cwd=tiny_data_root)
-    assert result.returncode == 0, result.stderr[-3000:]
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(signal, 'signal', lambda *a: None)  # in-process: leave pytest's handlers alone
+        train.main([*TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', f'--out_dir={out}', '--operator=corridor',
+                    '--init_spread=0.2', '--max_iters=60', '--lr_decay_iters=60', '--eval_interval=20',
+                    '--walk_interval=20', '--walk_seqs=4'])
     return out

@@ -51,6 +51,7 @@ TRAIN_EVAL = ('tests/test_train.py', '-k', QUICK + ' or fewer_eval_batches')  # 
 TARGETS = [
     ('model.py', 'laplacian_init', None, MODEL_TESTS),
     ('model.py', 'OPERATORS', None, MODEL_TESTS),
+    ('model.py', 'apply_operator', None, MODEL_TESTS),
     ('model.py', 'CausalSelfAttention.forward', None, MODEL_TESTS),
     ('model.py', 'GPT.forward', None, MODEL_TESTS),
     ('model.py', 'GPT.configure_optimizers', None, MODEL_TESTS),

@@ -103,34 +103,3 @@ def test_baseline_times_another_model_py_beside_this_one(tmp_path):
     bad = run_script('lab.bench', '--preset', 'tiny', '--baseline', 'no-such-revision', cwd=tmp_path)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
         "error: --baseline 'no-such-revision' is neither a file nor a git revision with a model.py"]
-
-
-def test_self_check_runs_each_part_in_its_own_process_and_summarises_it(tmp_path):
-    """lab/bench.py --check at tiny sizes on CPU: a line per part (the CUDA-only ones SKIP), check_summary.txt beside."""
-    parts = 'environment,walk_and_math_path,cached_sampler,cuda_rng'
-    result = run_script('lab.bench', '--check', parts, '--small', '--device', 'cpu', '--out_dir', tmp_path, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    summary = (tmp_path / 'check_summary.txt').read_text().splitlines()
-    assert [line.split()[:2] for line in summary] == [['PASS', 'environment'], ['PASS', 'walk_and_math_path'],
-                                                      ['PASS', 'cached_sampler'], ['SKIP', 'cuda_rng']]
-    assert 'walk geometry 0.0e+00' in summary[1]  # the same computation on the same device: identical
-    bad = run_script('lab.bench', '--check', 'environment,warp_drive', cwd=tmp_path)
-    assert bad.returncode == 1 and 'unknown --check part(s) warp_drive' in bad.stderr
-
-
-def test_a_failing_or_raising_part_is_a_fail_line_and_a_failing_exit(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench, 'check_environment', lambda *a: (_ for _ in ()).throw(RuntimeError('no GPU\nmore')))
-    bench.run_check_part('environment', 'cpu', True, torch.float32)
-    line = capsys.readouterr().out.strip()
-    assert json.loads(line.removeprefix('CHECK ')) == dict(status='FAIL', message='RuntimeError: no GPU')
-
-    def fake_run(command, **kwargs):  # the part's process: one hangs, one fails
-        import subprocess
-        if 'cuda_rng' in command:
-            raise subprocess.TimeoutExpired(command, kwargs['timeout'])
-        return subprocess.CompletedProcess(command, 0, 'CHECK {"status": "FAIL", "message": "grads 3e-1"}\n', '')
-    monkeypatch.setattr(bench.subprocess, 'run', fake_run)
-    assert bench.self_check('cpu', True, torch.float32, ['correctness', 'cuda_rng'], str(tmp_path)) == 1
-    summary = (tmp_path / 'check_summary.txt').read_text()
-    assert 'FAIL  correctness' in summary and 'grads 3e-1' in summary
-    assert 'FAIL  cuda_rng' in summary and 'did not finish in 300 s' in summary

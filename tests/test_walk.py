@@ -357,7 +357,7 @@ def hf_edges(family, T, drop_sink=False):
 def test_hf_heads_rebuild_the_attention_output(family):
     """Σ_h P_h (x W_V^h + b_V^h) W_O^h + b_O is the model's own attention output: the probabilities and per-head
     weights (GQA sharing, Qwen3's d_h, RoPE inside P) are the ones the model applies, and walk_hf reads the same."""
-    from lab.hf import HFWalk
+    from lab.hf_walk import HFWalk
     model = tiny_hf(family)
     heads, biases, value, output = reference_heads(model, 0)
     seen = {}
@@ -375,7 +375,7 @@ def test_hf_heads_rebuild_the_attention_output(family):
 
 @pytest.mark.parametrize('family', HF_FAMILIES)
 def test_hf_diagnostics_equal_the_naive_per_edge_computation(family):
-    from lab.hf import HFWalk
+    from lab.hf_walk import HFWalk
     model = tiny_hf(family)
     idx = torch.randint(0, 40, (3, 7), generator=torch.Generator().manual_seed(2))
     probs = model(input_ids=idx, output_attentions=True).attentions
@@ -393,7 +393,7 @@ def test_closed_form_null_matches_a_randomly_initialised_model():
     """At initialisation W_V and W_O are Gaussian: δ_orth and the per-edge Gram ratio agree with the closed forms
     √(1 + (d/d_h)·Σ_g(Σ_{h∈g} w_h²)²/(Σ_h w_h²)²) and √(πd/2)/δ, on uneven head weights and with GQA."""
     import transformers
-    from lab.hf import HFWalk
+    from lab.hf_walk import HFWalk
     torch.manual_seed(0)
     config = hf_config('llama', hidden_size=256, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
                        num_hidden_layers=1)
@@ -417,7 +417,7 @@ needs_minilm = pytest.mark.skipif(importlib.util.find_spec('all_minilm_l6_v2') i
 @needs_minilm
 def test_pretrained_minilm_equals_the_naive_per_edge_computation():
     """Real trained weights (BERT, 6 layers, 12 heads, d = 384), float64: the fast path is exact on them too."""
-    from lab.hf import load
+    from lab.hf_walk import load
     walker, codec, max_len = load('all-MiniLM-L6-v2', 'cpu')
     model = walker.module.double()
     assert (model.config.num_hidden_layers, model.config.hidden_size, walker.specials, max_len) == (6, 384, (1, 1), 512)
