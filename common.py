@@ -81,6 +81,18 @@ def parse_config(defaults, argv, optional=(), hints=None):
     return config
 
 
+def saved_config(defaults, saved, where):
+    """(config, ignored keys): a config an earlier run saved (a checkpoint's) over defaults, each value checked as
+    parse_config checks one; its keys defaults lack (another version's) left out, not carried into a new config.json."""
+    config, ignored = dict(defaults), sorted(set(saved) - set(defaults))
+    for key in defaults.keys() & saved.keys():
+        try:
+            config[key] = _checked(key, saved[key], defaults[key], ())
+        except UserError as e:
+            raise UserError(f"{where}: {e}") from None
+    return config, ignored
+
+
 def model_config(config):
     """The GPTConfig of a run config's keys; one no model can have is a UserError now, not mid-run."""
     c = GPTConfig(**{k: v for k, v in config.items() if k in GPTConfig.__dataclass_fields__})

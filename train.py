@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 import run
 from common import (SDPA_BACKENDS, UserError, append_line, flops_per_token, main_guard, model_config, parse_config,
-                    peak_flops, resolve_dtype, save_checkpoint, sdpa_backend)
+                    peak_flops, resolve_dtype, save_checkpoint, saved_config, sdpa_backend)
 from model import CLAIM_B, GPT, OPERATOR_DEFAULTS, OPERATOR_KEYS, gamma_delta, in_corridor
 from sources import Data, check_tokenizer, load_checkpoint, load_model, model_from_checkpoint
 
@@ -94,8 +94,12 @@ def resolve_config(argv):
     """(cfg, checkpoint or None): a resume starts from its saved config, its architecture fixed."""
     config, ckpt = parse_config(DEFAULTS, argv, hints=HINTS), None
     if config['init_from'] == 'resume':
-        ckpt = load_checkpoint(os.path.join(config['out_dir'], 'ckpt.pt'))
-        config = parse_config({**DEFAULTS, **ckpt['config']}, argv, hints=HINTS)
+        path = os.path.join(config['out_dir'], 'ckpt.pt')
+        ckpt = load_checkpoint(path, purpose='resume')
+        saved, ignored = saved_config(DEFAULTS, ckpt['config'], f"{path}'s config")
+        if ignored:
+            print(f"{path}'s config has keys this train.py does not know, left out: {', '.join(ignored)}")
+        config = parse_config(saved, argv, hints=HINTS)
         if config['train_only'] != ckpt['config'].get('train_only', 'all'):  # the optimizer holds what trains
             raise UserError(f"resuming with train_only={config['train_only']!r}, but the run trained "
                             f"{ckpt['config'].get('train_only', 'all')!r}: start a new run from its checkpoint's source")
