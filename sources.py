@@ -364,14 +364,50 @@ def model_from_checkpoint(ckpt, **overrides):
 
 
 def read_log(out_dir):
-    """log.jsonl's entries, one per evaluation; a line torn by a crash is skipped."""
-    path, entries = os.path.join(out_dir, 'log.jsonl'), []
-    for line in open(path) if os.path.isfile(path) else []:
+    """log.jsonl's entries, one per evaluation, each checked (check_log_entry); a last line torn by a crash (no
+    newline) is skipped. Anything else wrong is one line naming the file and the line: nothing is dropped silently."""
+    path, entries, shape = os.path.join(out_dir, 'log.jsonl'), [], None
+    if not os.path.isfile(path):
+        return entries
+    with open(path, 'rb') as f:
+        lines = f.read().split(b'\n')
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
+            entry = json.loads(line.decode('utf-8'))
+            shape = check_log_entry(entry, shape)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+            if n == len(lines):  # no newline after it: an append a crash cut short
+                continue
+            reason = 'not UTF-8 text' if isinstance(e, UnicodeDecodeError) else str(e).splitlines()[0]
+            raise UserError(f"{path}:{n}: not a log line train.py writes ({reason}): remove or fix that line") from None
+        entries.append(entry)
     return entries
+
+
+def check_log_entry(entry, shape):
+    """An evaluation's entry: iter and tokens whole numbers >= 0, the losses numbers, γ and δ (if any) [layers, heads]
+    lists of numbers, the same shape on every line; returns that shape. A ValueError says what is wrong."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"a {type(entry).__name__}, not an object")
+    for key in ('iter', 'tokens'):
+        if type(entry.get(key)) is not int or entry[key] < 0:
+            raise ValueError(f"{key} is {entry.get(key)!r}, not a whole number >= 0")
+    for key in ('val_loss', 'train_loss'):
+        if type(entry.get(key)) not in (int, float):
+            raise ValueError(f"{key} is {entry.get(key)!r}, not a number")
+    for key in ('gamma', 'delta'):
+        if key not in entry:
+            continue
+        rows = entry[key]
+        if not (isinstance(rows, list) and rows and all(isinstance(r, list) and len(r) == len(rows[0]) and r
+                                                        and all(type(x) in (int, float) for x in r) for r in rows)):
+            raise ValueError(f"{key} is not a [layers, heads] table of numbers")
+        if (shape or (len(rows), len(rows[0]))) != (len(rows), len(rows[0])):
+            raise ValueError(f"{key} has {len(rows)}×{len(rows[0])} heads, the lines before {shape[0]}×{shape[1]}")
+        shape = (len(rows), len(rows[0]))
+    return shape
 
 
 def load_run(out_dir):
