@@ -71,9 +71,12 @@ def parse_config(defaults, argv, optional=(), hints=None):
             if not os.path.isfile(arg):
                 raise UserError(f"config file {arg!r} not found")
             namespace = {}
-            try:
-                exec(open(arg).read(), namespace)
-            except Exception as e:
+            try:  # utf-8-sig: a BOM, which Python itself accepts in a source file
+                with open(arg, encoding='utf-8-sig') as f:
+                    exec(compile(f.read(), arg, 'exec'), namespace)
+            except UnicodeDecodeError:
+                raise UserError(f"config file {arg} is not UTF-8 text: save it as UTF-8") from None
+            except (Exception, SystemExit, KeyboardInterrupt) as e:  # a config that exits ends no run silently
                 raise UserError(f"config file {arg} failed: {type(e).__name__}: {e}") from None
             for key, value in namespace.items():
                 if not key.startswith('_') and not callable(value) and type(value).__name__ != 'module':
