@@ -142,3 +142,46 @@ def test_every_corrupt_file_is_one_line_or_a_correct_run(trained_run, tiny_data_
     assert len(every) >= 300
     for case in every:
         check_case(case, trained_run, tiny_data_root, tmp_path_factory.mktemp('case'), capsys, monkeypatch)
+
+
+def test_a_resume_on_token_ids_past_the_vocabulary_refuses_and_leaves_the_run_folder_byte_identical(
+        trained_run, tiny_data_root, tmp_path, capsys, monkeypatch):
+    data_root, run_dir = tmp_path / 'data', tmp_path / 'run'
+    shutil.copytree(tiny_data_root / 'tiny', data_root / 'tiny')
+    shutil.copytree(trained_run, run_dir, ignore=shutil.ignore_patterns('analysis', 'train.lock'))
+    tokens = bytearray((data_root / 'tiny' / 'train.bin').read_bytes())
+    tokens[100:102] = (60000).to_bytes(2, 'little')  # one uint16 id far past the 25 characters
+    (data_root / 'tiny' / 'train.bin').write_bytes(bytes(tokens))
+    before = digest(run_dir)
+    monkeypatch.setattr(signal, 'signal', lambda *args: None)
+    status, err = run_in_process(train.main, ['--init_from=resume', f'--out_dir={run_dir}', f'--data_root={data_root}',
+                                              '--max_iters=200'], capsys)
+    assert status == 2 and err.strip().splitlines() == [err.strip()] and 'holds token id 60000' in err, err
+    assert digest(run_dir) == before  # ckpt.pt, log.jsonl and config.json untouched
+
+
+def test_an_unknown_key_in_a_checkpoints_config_is_not_copied_into_config_json(trained_run, tiny_data_root, tmp_path,
+                                                                               capsys, monkeypatch):
+    run_dir = tmp_path / 'run'
+    shutil.copytree(trained_run, run_dir, ignore=shutil.ignore_patterns('analysis', 'train.lock'))
+    ckpt = torch.load(run_dir / 'ckpt.pt', weights_only=True)
+    ckpt['config']['n_layr'] = 3
+    torch.save(ckpt, run_dir / 'ckpt.pt')
+    monkeypatch.setattr(signal, 'signal', lambda *args: None)
+    status, _ = run_in_process(train.main, ['--init_from=resume', f'--out_dir={run_dir}',
+                                            f'--data_root={tiny_data_root}', f"--max_iters={ckpt['iter_num']}"], capsys)
+    assert status == 0
+    assert 'n_layr' not in json.loads((run_dir / 'config.json').read_text())
+
+
+def test_init_from_a_corridor_run_folder_keeps_its_operator_or_says_what_to_pass(trained_run, tiny_data_root, tmp_path,
+                                                                                capsys, monkeypatch):
+    monkeypatch.setattr(signal, 'signal', lambda *args: None)
+    common = [f'--init_from={trained_run}', f'--data_root={tiny_data_root}', '--dataset=tiny', '--device=cpu',
+              '--compile=False', '--block_size=32', '--batch_size=4', '--gradient_accumulation_steps=1',
+              '--max_iters=2', '--eval_interval=2', '--eval_iters=1', '--warmup_iters=0', '--lr_decay_iters=2']
+    status, err = run_in_process(train.main, [*common, f'--out_dir={tmp_path / "a"}'], capsys)
+    assert status == 0, err[-2000:]
+    assert json.loads((tmp_path / 'a' / 'config.json').read_text())['operator'] == 'corridor'
+    status, err = run_in_process(train.main, [*common, '--operator=alpha', f'--out_dir={tmp_path / "b"}'], capsys)
+    assert status == 2 and "operator='corridor'" in err and '--operator' in err, err
