@@ -76,8 +76,9 @@ def cases(run_dir):
     return out
 
 
-def digest(folder):
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+def digest(folder):  # the run's files; train.lock, which a resume takes before it reads log.jsonl, holds no data
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
+            if p.is_file() and p.name != 'train.lock'}
 
 
 def run_in_process(main, argv, capsys):
