@@ -71,14 +71,29 @@ def parse_config(defaults, argv, optional=(), hints=None):
             if not os.path.isfile(arg):
                 raise UserError(f"config file {arg!r} not found")
             namespace = {}
-            try:
-                exec(open(arg).read(), namespace)
-            except Exception as e:
+            try:  # utf-8-sig: a BOM, which Python itself accepts in a source file
+                with open(arg, encoding='utf-8-sig') as f:
+                    exec(compile(f.read(), arg, 'exec'), namespace)
+            except UnicodeDecodeError:
+                raise UserError(f"config file {arg} is not UTF-8 text: save it as UTF-8") from None
+            except (Exception, SystemExit, KeyboardInterrupt) as e:  # a config that exits ends no run silently
                 raise UserError(f"config file {arg} failed: {type(e).__name__}: {e}") from None
             for key, value in namespace.items():
                 if not key.startswith('_') and not callable(value) and type(value).__name__ != 'module':
                     assign(key, value, arg)
     return config
+
+
+def saved_config(defaults, saved, where):
+    """(config, ignored keys): a config an earlier run saved (a checkpoint's) over defaults, each value checked as
+    parse_config checks one; its keys defaults lack (another version's) left out, not carried into a new config.json."""
+    config, ignored = dict(defaults), sorted(set(saved) - set(defaults))
+    for key in defaults.keys() & saved.keys():
+        try:
+            config[key] = _checked(key, saved[key], defaults[key], ())
+        except UserError as e:
+            raise UserError(f"{where}: {e}") from None
+    return config, ignored
 
 
 def model_config(config):

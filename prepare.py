@@ -63,7 +63,7 @@ def atomic_output_dir(final):
 
 def download_text(url, args):
     if args.input:
-        return Path(args.input).read_text(encoding='utf-8')
+        return read_utf8(Path(args.input))
     print(f"downloading {url}")
     try:
         with urllib.request.urlopen(url, timeout=30) as response:
@@ -71,6 +71,14 @@ def download_text(url, args):
     except OSError as e:  # the whole command, as train.py passes this line on when it prepares on demand
         raise UserError(f"could not download {url} ({e}); prepare it from a local copy: python prepare.py "
                         f"{args.dataset} --input PATH --data_root={args.data_root}") from None
+
+
+def read_utf8(path):
+    """A text file's content, or one line naming a file that is not UTF-8 text."""
+    try:
+        return path.read_text(encoding='utf-8')
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text (byte {e.start}): convert it, e.g. iconv -t UTF-8") from None
 
 
 def char_tokenizer(text):
@@ -124,7 +132,7 @@ def read_wikitext2(input_path):
         if missing:
             raise UserError(f"--input {input_path}: expected a folder with wiki.valid.raw and wiki.test.raw, "
                             f"missing {', '.join(missing)}")
-        return {split: path.read_text(encoding='utf-8') for split, path in files.items()}
+        return {split: read_utf8(path) for split, path in files.items()}
     from datasets import load_dataset
     try:  # one row per line, each ending in a newline: joined, the rows are the raw files
         return {split: ''.join(load_dataset('wikitext', 'wikitext-2-raw-v1', split=split)['text'])
@@ -155,15 +163,18 @@ def read_documents(input_path, text_field):
     documents = []
     for path in files:
         if path.suffix == '.jsonl':
-            for n, line in enumerate(path.read_text(encoding='utf-8').splitlines(), 1):
+            for n, line in enumerate(read_utf8(path).splitlines(), 1):
                 if not line.strip():
                     continue
                 try:
                     documents.append(json.loads(line)[text_field])
-                except (json.JSONDecodeError, KeyError, TypeError):
+                except (json.JSONDecodeError, KeyError, TypeError, IndexError, RecursionError):
                     raise UserError(f"{path}:{n}: not a JSON object with a {text_field!r} field") from None
+                if not isinstance(documents[-1], str):
+                    raise UserError(f"{path}:{n}: its {text_field!r} field is a {type(documents[-1]).__name__}, "
+                                    f"not text") from None
         else:
-            documents.append(path.read_text(encoding='utf-8'))
+            documents.append(read_utf8(path))
     return documents
 
 

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from common import UserError, WriteFailed, atomic_write, describe_os_error
 from model import OPERATOR_KEYS, in_corridor
-from sources import load_checkpoint, read_log
+from sources import load_checkpoint, read_log, tensor_checksums
 
 
 class TrainingStopped(UserError):
@@ -79,7 +79,7 @@ def resume_advice(cfg, world):
     """What survives in the run folder and the command that continues it, with the settings changed since it saved."""
     ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
     try:  # memory-mapped: its weights are not read
-        ckpt = load_checkpoint(ckpt_path, mmap=True)
+        ckpt = load_checkpoint(ckpt_path, mmap=True, purpose='info')
     except UserError:
         return "no checkpoint was saved yet: start the run again"
     iter_num, saved = ckpt['iter_num'], ckpt['config']
@@ -169,14 +169,16 @@ def wandb_metrics(entry):
 
 
 def checkpoint_state(model, optimizer, scaler, cfg, meta, progress, data_rng, device):
-    """Everything a resumed run needs to continue exactly: weights, optimizer moments, config, progress, RNGs."""
-    return dict(model=saved_weights(model, cfg.train_only), weights=cfg.train_only, optimizer=optimizer.state_dict(),
+    """Everything a resumed run needs to continue exactly: weights, optimizer moments, config, progress, RNGs; and
+    a checksum of each tensor, so that bytes changed on disk are one line at the next load, not a silent model."""
+    state = dict(model=saved_weights(model, cfg.train_only), weights=cfg.train_only, optimizer=optimizer.state_dict(),
                 scaler=scaler.state_dict(), model_args=asdict(model.config), config=vars(cfg), **progress,
                 source=model.source,
                 meta={k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos', 'tokenizer_source',
                                            'tokenizer_fingerprint') if k in meta},
                 rng=dict(torch=torch.get_rng_state(), data=data_rng.get_state(),
                          cuda=torch.cuda.get_rng_state(device) if device.startswith('cuda') else None))
+    return state | dict(checksums=tensor_checksums(state))  # every load checks the tensors it uses against these
 
 
 def saved_weights(model, train_only):
@@ -187,11 +189,14 @@ def saved_weights(model, train_only):
 
 def restore_state(ckpt, optimizer, scaler, data_rng, cfg, device, rank):
     """checkpoint_state's inverse: moments (under the hyperparameters configured now), scaler, RNGs; the progress."""
+    check_optimizer_state(ckpt['optimizer'], optimizer, os.path.join(cfg.out_dir, 'ckpt.pt'))
     fresh = [dict(g) for g in optimizer.param_groups]
     optimizer.load_state_dict(ckpt['optimizer'])  # restores the moments, and the old hyperparameters too:
     for group, new in zip(optimizer.param_groups, fresh):  # a resumed run uses the ones configured now
         group.update({k: new[k] for k in ('weight_decay', 'betas', 'lr_mult')})
     if ckpt['scaler']:  # empty from a float32 or bf16 run: a float16 resume starts a fresh scaler
+        if not isinstance(ckpt['scaler'].get('scale'), float):
+            raise UserError(f"{cfg.out_dir}/ckpt.pt cannot resume the run: its grad scaler's state has no scale")
         scaler.load_state_dict(ckpt['scaler'])
     progress = {k: ckpt[k] for k in ('iter_num', 'tokens_seen', 'best_val_loss')}
     progress['seconds'] = ckpt.get('seconds', 0.0)
@@ -202,6 +207,27 @@ def restore_state(ckpt, optimizer, scaler, data_rng, cfg, device, rank):
         torch.manual_seed(cfg.seed + rank + 7919 * progress['iter_num'])  # (a DDP resume with dropout: not exact)
     data_rng.set_state(ckpt['rng']['data'])
     return progress
+
+
+def check_optimizer_state(saved, optimizer, path):
+    """The saved optimizer state fits this optimizer: its groups, each group's parameter count, every moment the shape
+    of its parameter (torch checks the counts only; a wrong moment fails at the first step, or trains on garbage)."""
+    groups = optimizer.param_groups
+    counts = [len(g['params']) for g in saved['param_groups']]
+    wrong = None
+    if counts != [len(g['params']) for g in groups]:
+        wrong = f"its optimizer has groups of {counts} parameters, this model's {[len(g['params']) for g in groups]}"
+    else:
+        shapes = {i: p.shape for g, s in zip(groups, saved['param_groups']) for i, p in zip(s['params'], g['params'])}
+        for i, moments in saved['state'].items():
+            bad = [k for k, v in moments.items() if k != 'step' and (i not in shapes or not isinstance(v, torch.Tensor)
+                                                                      or v.shape != shapes[i])]
+            if bad:
+                wrong = f"its optimizer's {bad[0]} of parameter {i} does not fit that parameter"
+                break
+    if wrong:
+        raise UserError(f"{path} cannot resume the run: {wrong}; its weights are intact: start a new run from them "
+                        f"with --init_from={os.path.dirname(path) or '.'}")
 
 
 class StopRequest:

@@ -50,8 +50,11 @@ def main(argv):
         path = start[len('FILE:'):]
         if not os.path.isfile(path):
             raise UserError(f"prompt file {path!r} not found")
-        with open(path, encoding='utf-8') as f:
-            start = f.read()
+        try:
+            with open(path, encoding='utf-8') as f:
+                start = f.read()
+        except UnicodeDecodeError:
+            raise UserError(f"prompt file {path} is not UTF-8 text: save it as UTF-8") from None
     start_ids = encode(start)
     if not start_ids:
         raise UserError("the prompt is empty: give at least one token with --start")

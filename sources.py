@@ -6,16 +6,49 @@ imports common.py and model.py, never this file); and the tokenizer that goes wi
 
 import json
 import os
+import pickle
+import zipfile
+import zlib
 
 import numpy as np
 import torch
 
-from common import GPT2_NAMES, UserError, gpt2_encoding
+from common import GPT2_NAMES, UserError, gpt2_encoding, model_config
 from model import GPT, OPERATOR_KEYS, GPTConfig, gamma_delta
 
 
+# meta.json's tokenizers (prepare.py writes them; tokenizer_from_meta reads them), and a bound no vocabulary reaches
+# (the largest, Gemma 3's, has 262k entries): a larger vocab_size is a corrupt file, not a model to allocate
+TOKENIZERS = ('char', 'gpt2', 'hf', 'synthetic')  # synthetic: lab/bench.py's random ids, no text
+MAX_VOCAB = 1 << 24
+TOKEN_DTYPES = {'uint16': 1 << 16, 'uint32': 1 << 32}  # a .bin's dtype, and how many ids it can hold
+
+
+def check_meta(meta):
+    """A meta.json dict as prepare.py writes it (without a dtype: uint16, as before prepare.py wrote one; a
+    checkpoint's copy has none); a ValueError says what is wrong."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"a {type(meta).__name__}, not an object")
+    vocab_size, dtype = meta.get('vocab_size'), meta.get('dtype', 'uint16')
+    if meta.get('tokenizer') not in TOKENIZERS:
+        raise ValueError(f"tokenizer is {meta.get('tokenizer')!r}, not one of {', '.join(TOKENIZERS)}")
+    if type(vocab_size) is not int or not 0 < vocab_size <= MAX_VOCAB:
+        raise ValueError(f"vocab_size is {vocab_size!r}, not a whole number from 1 to {MAX_VOCAB:,}")
+    if dtype not in TOKEN_DTYPES:
+        raise ValueError(f"dtype is {dtype!r}, not {' or '.join(TOKEN_DTYPES)}")
+    if vocab_size > TOKEN_DTYPES[dtype]:
+        raise ValueError(f"vocab_size {vocab_size} does not fit {dtype} token ids")
+    itos = meta.get('itos')
+    if meta['tokenizer'] == 'char' and not (isinstance(itos, list) and len(itos) == vocab_size
+                                            and all(isinstance(c, str) for c in itos) and len(set(itos)) == len(itos)):
+        raise ValueError(f"itos is not a list of vocab_size={vocab_size} distinct characters")
+    if meta['tokenizer'] == 'hf' and not isinstance(meta.get('tokenizer_source'), str):
+        raise ValueError("tokenizer 'hf' without a tokenizer_source")
+
+
 class Data:
-    """data_root/dataset: meta.json, train.bin and val.bin (uint16 tokens, or meta.json's dtype: uint32)."""
+    """data_root/dataset: meta.json, train.bin and val.bin (uint16 tokens, or meta.json's dtype: uint32), checked as
+    they open: meta.json's fields, each file's size, and every token id below vocab_size."""
 
     def __init__(self, data_root, dataset, block_size, batch_size, device):
         self.dir, self.block_size, self.batch_size, self.device = \
@@ -25,11 +58,12 @@ class Data:
             raise UserError(f"no prepared data at {self.dir} (meta.json missing): run `python prepare.py {dataset}` "
                             f"or set --data_root / --dataset")
         try:
-            with open(meta_path) as f:
+            with open(meta_path, encoding='utf-8') as f:
                 self.meta = json.load(f)
-            self.meta['vocab_size'], self.meta['tokenizer']
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-            raise UserError(f"{meta_path} is not a meta.json written by prepare.py ({type(e).__name__}): rerun "
+            check_meta(self.meta)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+            reason = str(e).splitlines()[0] if not isinstance(e, UnicodeDecodeError) else 'not UTF-8 text'
+            raise UserError(f"{meta_path} is not a meta.json written by prepare.py ({reason}): rerun "
                             f"`python prepare.py {dataset}`") from None
         self.dtype = np.dtype(self.meta.get('dtype', 'uint16'))
         self.n_tokens = {}
@@ -43,6 +77,13 @@ class Data:
                 raise UserError(f"block_size={block_size} needs more tokens than that, but {split}.bin in {self.dir} "
                                 f"has {size // self.dtype.itemsize}")
             self.n_tokens[split] = size // self.dtype.itemsize
+            # an id past the vocabulary is an IndexError deep in the model on a CPU, a device-side assert on CUDA:
+            # one vectorised pass now (docs/training.md: its time per GB)
+            largest = int(np.memmap(path, dtype=self.dtype, mode='r').max())
+            if largest >= self.meta['vocab_size']:
+                raise UserError(f"{path} holds token id {largest}, but meta.json's vocab_size is "
+                                f"{self.meta['vocab_size']} (corrupt, or from another preparation): rerun "
+                                f"`python prepare.py {dataset}`")
 
     def offsets(self, split, count, generator):  # [count, batch_size] random start positions
         return torch.randint(self.n_tokens[split] - self.block_size, (count, self.batch_size), generator=generator)
@@ -113,18 +154,187 @@ def load_model(source, **overrides):
     return pretrained.load_pretrained(source, **{k: v for k, v in overrides.items() if k != 'dropout'})
 
 
-def load_checkpoint(path, map_location='cpu', mmap=False):
-    """A checkpoint dict, weights_only (no code runs from the file); mmap: tensors read only when used."""
+def load_checkpoint(path, map_location='cpu', mmap=False, purpose='model'):
+    """A checkpoint dict, weights_only (no code runs from the file), checked against CHECKPOINT_KEYS for its purpose:
+    'info' (its keys and types: config, progress), 'model' (and its weights: shapes, checksums, finite) or 'resume'
+    (and the optimizer's moments, the scaler, the RNGs). mmap: tensors read only when used (a legacy file: read)."""
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}")
+    mmap = mmap and zipfile.is_zipfile(path)  # torch memory-maps only the zip format it writes since 1.6
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError:  # torch's own message advises weights_only=False: wrong for a corrupt file, and risky
+        raise UserError(f"{path} is not a readable checkpoint: corrupt, or holding objects other than tensors and "
+                        f"plain values, which are not unpickled (that could run code from the file)") from None
     except Exception as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt?): {reason}") from None
-    if not isinstance(ckpt, dict) or not {'model', 'model_args'} <= set(ckpt):
-        raise UserError(f"{path} is not a corridor-gpt checkpoint (no 'model' / 'model_args')")
+        reason = next((line for line in str(e).strip().splitlines() if 'weights_only' not in line), type(e).__name__)
+        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt?): {reason.strip()}") from None
+    check_checkpoint(ckpt, path, purpose)
     return ckpt
+
+
+# What train.py writes into ckpt.pt (run.checkpoint_state): each key's type. What reads a model needs READ_KEYS; a
+# resume needs RESUME_KEYS too; the others may be missing (a checkpoint from before they were saved: their defaults).
+CHECKPOINT_KEYS = dict(model=dict, model_args=dict, config=dict, meta=dict, iter_num=int, optimizer=dict, scaler=dict,
+                       rng=dict, tokens_seen=int, best_val_loss=float, seconds=float, weights=str, source=(str, type(None)),
+                       checksums=dict)
+READ_KEYS = ('model', 'model_args', 'config', 'meta', 'iter_num')
+RESUME_KEYS = ('optimizer', 'scaler', 'rng', 'tokens_seen', 'best_val_loss')
+
+
+def check_checkpoint(ckpt, path, purpose):
+    """One line for the first thing wrong, and what still works: a resume's own keys are checked only for a resume."""
+    folder = os.path.dirname(path) or '.'
+    if isinstance(ckpt, dict) and isinstance(ckpt.get('model_args'), dict) and 'operator' not in ckpt['model_args'] \
+            and 'meta' not in ckpt and 'n_layer' in ckpt['model_args']:
+        raise UserError(f"{path} is a nanoGPT checkpoint (no operator keys, no tokenizer meta): corridor-gpt reads its "
+                        f"own run folders and pretrained models; for OpenAI's weights use --init_from=gpt2")
+    try:
+        check_read_keys(ckpt, path, purpose)
+    except ValueError as e:
+        raise UserError(f"{path} is not a checkpoint this version of corridor-gpt reads: {e}; nothing in it is used "
+                        f"(restore it from a copy, or train again)") from None
+    if purpose != 'resume':
+        return
+    try:
+        check_resume_keys(ckpt)
+    except ValueError as e:
+        raise UserError(f"{path} cannot resume the run: {e}; its weights are intact: sample or analyze it, or start "
+                        f"a new run from them with --init_from={folder}") from None
+
+
+def check_read_keys(ckpt, path, purpose):
+    """The keys every reader uses, their types, the weights' names and shapes against model_args; with purpose
+    'model' or 'resume', the weights' bytes against their checksums, and finite. A ValueError says what is wrong."""
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"a {type(ckpt).__name__}, not a dict")
+    needed = READ_KEYS + (RESUME_KEYS if purpose == 'resume' else ())
+    missing = [key for key in READ_KEYS if key not in ckpt]
+    if missing:
+        raise ValueError(f"no {', '.join(map(repr, missing))}")
+    for key, kind in CHECKPOINT_KEYS.items():
+        if key in ckpt and not (isinstance(ckpt[key], kind) and not isinstance(ckpt[key], bool)
+                                or kind is float and type(ckpt[key]) is int):
+            if key in needed or key not in RESUME_KEYS:
+                raise ValueError(f"{key!r} must be {type_name(kind)}, got a {type(ckpt[key]).__name__}")
+    if ckpt['iter_num'] < 0:
+        raise ValueError(f"iter_num is {ckpt['iter_num']}")
+    if ckpt.get('weights', 'all') not in ('all', 'operator'):
+        raise ValueError(f"weights is {ckpt['weights']!r}, not 'all' or 'operator'")
+    args = check_model_args(ckpt['model_args'])
+    try:
+        check_meta(ckpt['meta'])
+    except ValueError as e:
+        raise ValueError(f"meta: {e}") from None
+    if not all(isinstance(k, str) for k in ckpt['config']):
+        raise ValueError("config has keys that are not names")
+    disagree = [k for k, v in ckpt['config'].items() if k in args and v != args[k]]
+    if disagree:
+        raise ValueError(f"config and model_args disagree on {', '.join(disagree)}")
+    check_weights(ckpt, args)
+    if purpose != 'info':
+        verify_tensors(ckpt, ('model',))
+
+
+def type_name(kind):
+    return ' or '.join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+
+
+def check_model_args(args):
+    """model_args as GPTConfig's fields, each of its default's type (a float may be an int), values a model can have."""
+    fields = GPTConfig.__dataclass_fields__
+    unknown, missing = sorted(set(args) - set(fields)), [key for key in fields if key not in args]
+    if unknown or missing:
+        raise ValueError("model_args " + '; '.join(part for part in (
+            unknown and f"has unknown keys {', '.join(map(repr, unknown))}",
+            missing and f"lacks {', '.join(map(repr, missing))}") if part) + " (written by another version?)")
+    for key, field in fields.items():
+        value, default = args[key], field.default
+        if not (type(value) is type(default) or type(default) is float and type(value) is int):
+            raise ValueError(f"model_args {key} must be {type(default).__name__}, got {value!r}")
+    try:
+        model_config(args)
+    except UserError as e:
+        raise ValueError(f"model_args: {e}") from None
+    return args
+
+
+def check_weights(ckpt, args):
+    """ckpt['model'] holds tensors; our GPT's (or a fine-tuned GPT-2's) names and shapes those of a model of args, built
+    on the meta device (no memory); a pretrained model's are checked as they load (model_from_checkpoint)."""
+    state = ckpt['model']
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        raise ValueError("'model' holds entries that are not named tensors")
+    source, weights = ckpt.get('source'), ckpt.get('weights', 'all')
+    if not (source is None or weights == 'all' and is_gpt2(source)):
+        return
+    with torch.device('meta'):
+        expected = GPT(GPTConfig(**args)).state_dict()
+    state = {k.removeprefix('_orig_mod.'): v for k, v in state.items()}
+    missing, unknown = [k for k in expected if k not in state], [k for k in state if k not in expected]
+    if missing or unknown:
+        raise ValueError(f"'model' lacks {missing[:3]} or has unknown {unknown[:3]} for model_args")
+    wrong = [f"{k} {list(v.shape)} (model_args make {list(expected[k].shape)})" for k, v in state.items()
+             if v.shape != expected[k].shape or not v.is_floating_point()]
+    if wrong:
+        raise ValueError(f"'model' has a wrong tensor: {wrong[0]}")
+
+
+def check_resume_keys(ckpt):
+    """What restore_state reads: the optimizer's state dict, the grad scaler's, the RNG states; their tensors
+    against their checksums and finite. A ValueError says what is wrong."""
+    missing = [key for key in RESUME_KEYS if key not in ckpt]
+    if missing:
+        raise ValueError(f"no {', '.join(map(repr, missing))}")
+    wrong = [key for key in RESUME_KEYS if not isinstance(ckpt[key], CHECKPOINT_KEYS[key])
+             and not (key == 'best_val_loss' and type(ckpt[key]) is int) or isinstance(ckpt[key], bool)]
+    if wrong:
+        raise ValueError(f"{wrong[0]!r} is a {type(ckpt[wrong[0]]).__name__}")
+    optimizer = ckpt['optimizer']
+    groups, state = optimizer.get('param_groups'), optimizer.get('state')
+    if not (isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get('params'), list) for g in groups)
+            and isinstance(state, dict) and all(isinstance(s, dict) for s in state.values())):
+        raise ValueError("'optimizer' is not an optimizer's state dict (param_groups, state)")
+    rng = ckpt['rng']
+    if not (isinstance(rng.get('torch'), torch.Tensor) and isinstance(rng.get('data'), torch.Tensor)
+            and rng.get('torch').dtype == rng.get('data').dtype == torch.uint8
+            and isinstance(rng.get('cuda'), (torch.Tensor, type(None)))):
+        raise ValueError("'rng' lacks the torch, data and cuda generator states")
+    verify_tensors(ckpt, ('optimizer', 'rng'))
+
+
+def tensors_in(obj, path=''):
+    """(path, tensor) of every tensor in nested dicts, lists and tuples: what the checksums cover."""
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from tensors_in(value, f"{path}/{key}" if path else str(key))
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            yield from tensors_in(value, f"{path}/{i}")
+
+
+def tensor_checksums(ckpt):
+    """{path: CRC-32 of the tensor's bytes} over every tensor of a checkpoint dict (its 'checksums' aside): a flipped
+    byte changes one. CRC-32, not a cryptographic hash: it guards against corruption, and costs ~1% of a save."""
+    return {path: zlib.crc32(t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy())
+            for path, t in tensors_in({k: v for k, v in ckpt.items() if k != 'checksums'})}
+
+
+def verify_tensors(ckpt, parts):
+    """The tensors under parts (top-level keys) match the checksums saved with them (a checkpoint from before they
+    were saved has none) and are finite. A ValueError names the first that is not."""
+    saved = ckpt.get('checksums')
+    actual = tensor_checksums({part: ckpt[part] for part in parts})
+    if saved is not None:
+        expected = {k: v for k, v in saved.items() if k.split('/')[0] in parts}
+        changed = [k for k in expected.keys() | actual.keys() if expected.get(k) != actual.get(k)]
+        if changed:
+            raise ValueError(f"{sorted(changed)[0]} does not match the checksum saved with it (bytes changed on disk)")
+    for path, t in tensors_in({part: ckpt[part] for part in parts}):
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise ValueError(f"{path} holds non-finite values (inf or nan)")
 
 
 def model_from_checkpoint(ckpt, **overrides):
@@ -145,20 +355,60 @@ def model_from_checkpoint(ckpt, **overrides):
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or any('.coefficients.' in key for key in missing):
             raise UserError(f"the checkpoint's operator scalars do not fit {source}'s layers")
-    else:
-        model.load_state_dict(state)
+    else:  # our GPT's names and shapes were checked as the checkpoint loaded; a pretrained model's, here
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as e:
+            raise UserError(f"the checkpoint's weights do not fit {source or 'the model of its model_args'} "
+                            f"({str(e).splitlines()[0].strip()})") from None
     return model
 
 
 def read_log(out_dir):
-    """log.jsonl's entries, one per evaluation; a line torn by a crash is skipped."""
-    path, entries = os.path.join(out_dir, 'log.jsonl'), []
-    for line in open(path) if os.path.isfile(path) else []:
+    """log.jsonl's entries, one per evaluation, each checked (check_log_entry); a last line torn by a crash (no
+    newline) is skipped. Anything else wrong is one line naming the file and the line: nothing is dropped silently."""
+    path, entries, shape = os.path.join(out_dir, 'log.jsonl'), [], None
+    if not os.path.isfile(path):
+        return entries
+    with open(path, 'rb') as f:
+        lines = f.read().split(b'\n')
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
+            entry = json.loads(line.decode('utf-8'))
+            shape = check_log_entry(entry, shape)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+            if n == len(lines):  # no newline after it: an append a crash cut short
+                continue
+            reason = 'not UTF-8 text' if isinstance(e, UnicodeDecodeError) else str(e).splitlines()[0]
+            raise UserError(f"{path}:{n}: not a log line train.py writes ({reason}): remove or fix that line") from None
+        entries.append(entry)
     return entries
+
+
+def check_log_entry(entry, shape):
+    """An evaluation's entry: iter and tokens whole numbers >= 0, the losses numbers, γ and δ (if any) [layers, heads]
+    lists of numbers, the same shape on every line; returns that shape. A ValueError says what is wrong."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"a {type(entry).__name__}, not an object")
+    for key in ('iter', 'tokens'):
+        if type(entry.get(key)) is not int or entry[key] < 0:
+            raise ValueError(f"{key} is {entry.get(key)!r}, not a whole number >= 0")
+    for key in ('val_loss', 'train_loss'):
+        if type(entry.get(key)) not in (int, float):
+            raise ValueError(f"{key} is {entry.get(key)!r}, not a number")
+    for key in ('gamma', 'delta'):
+        if key not in entry:
+            continue
+        rows = entry[key]
+        if not (isinstance(rows, list) and rows and all(isinstance(r, list) and len(r) == len(rows[0]) and r
+                                                        and all(type(x) in (int, float) for x in r) for r in rows)):
+            raise ValueError(f"{key} is not a [layers, heads] table of numbers")
+        if (shape or (len(rows), len(rows[0]))) != (len(rows), len(rows[0])):
+            raise ValueError(f"{key} has {len(rows)}×{len(rows[0])} heads, the lines before {shape[0]}×{shape[1]}")
+        shape = (len(rows), len(rows[0]))
+    return shape
 
 
 def load_run(out_dir):

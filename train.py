@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 import run
 from common import (SDPA_BACKENDS, UserError, append_line, flops_per_token, main_guard, model_config, parse_config,
-                    peak_flops, resolve_dtype, save_checkpoint, sdpa_backend)
+                    peak_flops, resolve_dtype, save_checkpoint, saved_config, sdpa_backend)
 from model import CLAIM_B, GPT, OPERATOR_DEFAULTS, OPERATOR_KEYS, gamma_delta, in_corridor
 from sources import Data, check_tokenizer, load_checkpoint, load_model, model_from_checkpoint
 
@@ -94,8 +94,12 @@ def resolve_config(argv):
     """(cfg, checkpoint or None): a resume starts from its saved config, its architecture fixed."""
     config, ckpt = parse_config(DEFAULTS, argv, hints=HINTS), None
     if config['init_from'] == 'resume':
-        ckpt = load_checkpoint(os.path.join(config['out_dir'], 'ckpt.pt'))
-        config = parse_config({**DEFAULTS, **ckpt['config']}, argv, hints=HINTS)
+        path = os.path.join(config['out_dir'], 'ckpt.pt')
+        ckpt = load_checkpoint(path, purpose='resume')
+        saved, ignored = saved_config(DEFAULTS, ckpt['config'], f"{path}'s config")
+        if ignored:
+            print(f"{path}'s config has keys this train.py does not know, left out: {', '.join(ignored)}")
+        config = parse_config(saved, argv, hints=HINTS)
         if config['train_only'] != ckpt['config'].get('train_only', 'all'):  # the optimizer holds what trains
             raise UserError(f"resuming with train_only={config['train_only']!r}, but the run trained "
                             f"{ckpt['config'].get('train_only', 'all')!r}: start a new run from its checkpoint's source")
@@ -150,6 +154,26 @@ def prepare_if_missing(cfg):
         raise UserError(f"preparing {folder} failed: {reason}")
 
 
+def run_folder_operator(cfg):
+    """The operator keys to build init_from with: the configured ones; for a run folder, its own (its weights hold
+    that operator's scalars), unless a key set away from its default contradicts them (one line); then cfg's keys
+    follow, so the saved config tells the truth. operator_lr_mult, a training setting, stays the configured one."""
+    configured = {k: getattr(cfg, k) for k in OPERATOR_KEYS}
+    path = os.path.join(cfg.init_from, 'ckpt.pt')
+    if not os.path.isfile(path):
+        return configured
+    saved = load_checkpoint(path, mmap=True, purpose='info')['model_args']
+    own = [k for k in OPERATOR_KEYS if k != 'operator_lr_mult']
+    contradicting = [k for k in own if configured[k] != OPERATOR_DEFAULTS[k] and configured[k] != saved[k]]
+    if contradicting:
+        raise UserError(f"{cfg.init_from} was trained with " + ', '.join(f"{k}={saved[k]!r}" for k in contradicting)
+                        + ": its weights hold that operator; leave " + ', '.join(f"--{k}" for k in contradicting)
+                        + " unset, or start from scratch")
+    for key in own:
+        setattr(cfg, key, saved[key])
+    return {**configured, **{k: saved[k] for k in own}}
+
+
 def build_model(cfg, data, ckpt):
     """The model to train: from the checkpoint, from scratch, or a pretrained one (OpenAI's GPT-2 as our GPT, another
     causal LM as lab.pretrained.PretrainedLM) with the configured operator; with train_only='operator', every weight but the
@@ -161,7 +185,7 @@ def build_model(cfg, data, ckpt):
         model = GPT(model_config({**vars(cfg), 'vocab_size': data.meta['vocab_size']}))
         model.source = None
     else:
-        model, _ = load_model(cfg.init_from, dropout=cfg.dropout, **{k: getattr(cfg, k) for k in OPERATOR_KEYS})
+        model, _ = load_model(cfg.init_from, dropout=cfg.dropout, **run_folder_operator(cfg))
         if cfg.dropout and not isinstance(model, GPT):
             raise UserError(f"dropout: {cfg.init_from} keeps its own (attention_dropout in its config.json); leave "
                             f"--dropout at 0")

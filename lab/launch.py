@@ -13,6 +13,7 @@ import getpass
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,6 +118,9 @@ def ignore_usr2():
 
 def slurm_executor(cfg, folder):
     """A submitit SlurmExecutor from the sweep's slurm_* keys."""
+    if not shutil.which('sbatch'):  # else submitit's RuntimeError at the first submission, as a traceback
+        raise UserError("--launcher=slurm needs SLURM's sbatch, and there is none on this machine's PATH: run the "
+                        "sweep on a SLURM login node, or use --launcher=local (or commands)")
     # max_num_timeout: a run longer than slurm_time continues over as many jobs as it needs
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=100)
     flags = shlex.split(cfg['slurm_extra'])  # '--qos=high --exclusive' -> {'qos': 'high', 'exclusive': True}

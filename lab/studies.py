@@ -257,7 +257,7 @@ def run_state(out_dir):
     ckpt = os.path.join(out_dir, 'ckpt.pt')
     if not os.path.exists(ckpt):
         return 'new'
-    saved = load_checkpoint(ckpt, mmap=True)  # two scalars wanted: the weights and moments stay on disk
+    saved = load_checkpoint(ckpt, mmap=True, purpose='info')  # two scalars wanted: the weights and moments stay on disk
     return 'done' if saved['iter_num'] >= saved['config']['max_iters'] else 'partial'
 
 

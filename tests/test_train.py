@@ -455,7 +455,7 @@ def test_a_resumed_run_lets_go_of_the_checkpoint_before_training(tiny_data_root,
         pass
     loaded, alive_at_saves = [], []
 
-    def load(path, map_location='cpu'):
+    def load(path, map_location='cpu', **kwargs):
         ckpt = Checkpoint(torch.load(path, map_location=map_location, weights_only=True))
         loaded.append(weakref.ref(ckpt))
         return ckpt
