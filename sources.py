@@ -228,7 +228,10 @@ def check_read_keys(ckpt, path, purpose):
         raise ValueError(f"meta: {e}") from None
     if not all(isinstance(k, str) for k in ckpt['config']):
         raise ValueError("config has keys that are not names")
-    disagree = [k for k, v in ckpt['config'].items() if k in args and v != args[k]]
+    # the architecture a run's config names is its model's; block_size may shrink and dropout change on a resume,
+    # and a pretrained source's model_args are the source's own, whatever the config's defaults say
+    fixed = ('n_layer', 'n_head', 'n_embd') if ckpt.get('source') is None else ()
+    disagree = [k for k in fixed if k in ckpt['config'] and ckpt['config'][k] != args[k]]
     if disagree:
         raise ValueError(f"config and model_args disagree on {', '.join(disagree)}")
     check_weights(ckpt, args)
@@ -317,7 +320,7 @@ def tensors_in(obj, path=''):
 
 def tensor_checksums(ckpt):
     """{path: CRC-32 of the tensor's bytes} over every tensor of a checkpoint dict (its 'checksums' aside): a flipped
-    byte changes one. CRC-32, not a cryptographic hash: it guards against corruption, and costs ~1% of a save."""
+    byte changes one. CRC-32, not a cryptographic hash: it guards against corruption (its cost: docs/speed.md)."""
     return {path: zlib.crc32(t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy())
             for path, t in tensors_in({k: v for k, v in ckpt.items() if k != 'checksums'})}
 

@@ -751,7 +751,7 @@ def test_eval_only_changes_nothing_and_a_resume_drops_log_lines_past_the_checkpo
     assert digest(finished_run) == before
 
     with open(finished_run / 'log.jsonl', 'a') as f:
-        f.write(json.dumps(dict(iter=20, val_loss=99.0)) + '\n' + '{"iter": 25, "val_lo')
+        f.write(json.dumps({**last, 'iter': 20, 'val_loss': 99.0}) + '\n' + '{"iter": 25, "val_lo')  # as train.py writes
     train_module.main(['--init_from=resume', f'--out_dir={finished_run}', '--max_iters=20'])
     log = read_log(finished_run)
     assert [e['iter'] for e in log] == [0, 10, 20] and log[-1]['val_loss'] < 99
@@ -999,10 +999,12 @@ def test_a_log_lines_loss_is_the_mean_over_every_step_of_its_window(tiny_data_ro
 def test_a_checkpoint_saved_on_a_gpu_resumes_on_the_cpu(tiny_data_root, tmp_path):
     """A checkpoint with a CUDA RNG state (saved on a GPU) resumes with --device=cpu: that state is skipped, not fed
     to a CUDA that is not there."""
+    from sources import tensor_checksums
     out = tmp_path / 'run'
     assert train(tiny_data_root, out, '--max_iters=5', '--eval_interval=5', '--lr_decay_iters=10').returncode == 0
     ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
     ckpt['rng']['cuda'] = torch.zeros(16, dtype=torch.uint8)  # what torch.cuda.get_rng_state() returns there
+    ckpt['checksums'] = tensor_checksums(ckpt)  # as a GPU's save would have summed it
     torch.save(ckpt, out / 'ckpt.pt')
     resumed = run_script('train.py', '--init_from=resume', f'--out_dir={out}', '--max_iters=10', '--device=cpu',
                          cwd=tiny_data_root)
@@ -1022,7 +1024,7 @@ def test_restore_state_sets_the_cuda_rng_only_on_cuda_from_a_cuda_checkpoint_and
     monkeypatch.setattr(torch.cuda, 'set_rng_state', lambda state, device: calls.append((state, device)))
     weight = torch.nn.Parameter(torch.zeros(2))
     optimizer = torch.optim.AdamW([dict(params=[weight], lr_mult=1.0)])
-    scaler, data_rng, cfg = torch.amp.GradScaler('cpu', enabled=False), torch.Generator(), SimpleNamespace(seed=3)
+    scaler, data_rng, cfg = torch.amp.GradScaler('cpu', enabled=False), torch.Generator(), SimpleNamespace(seed=3, out_dir='run')
 
     def restore(device, rank=0, cuda=None, iter_num=5):
         ckpt = dict(optimizer=optimizer.state_dict(), scaler={}, iter_num=iter_num, tokens_seen=0, best_val_loss=1.0,
