@@ -28,7 +28,7 @@ needs_wikitext = pytest.mark.skipif(not WIKITEXT_TEST.is_file(), reason=f"no loc
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The quick tier (`python -m pytest -m quick`, under a minute on 2 cores as README says; its train tests train in
+# The quick tier (`python -m pytest -m quick`, about 10 s on 2 idle cores as README says; its train tests train in
 # this process, since a train.py process spends most of its time starting): what an edit to the model or the loop
 # most likely breaks. The operator's identities, the fast path against the math path (values and
 # gradients), causality, the KV cache, finite-difference gradients, the optimizer's groups, a tiny run that learns,
