@@ -9,11 +9,10 @@ import math
 import os
 import statistics
 
+import numpy as np
 import torch
 
 from model import CLAIM_B, in_corridor
-from sources import Data
-from common import UserError
 
 from lab.connection import depth_regimes
 from lab.figures import WALK_PANELS, plot_walk_evolution, plt, save, walk_series
@@ -162,9 +161,12 @@ def budget_checks(results):
     for setting, (loaded, _) in results.items():
         first = next(iter(loaded.values()))
         cfg = first['config']
-        try:
-            train_tokens = Data(cfg['data_root'], cfg['dataset'], cfg['block_size'], 1, 'cpu').n_tokens['train']
-        except UserError:
+        folder = os.path.join(cfg['data_root'], cfg['dataset'])
+        try:  # the size alone: opening it as Data would check every token id, a full read of OpenWebText
+            with open(os.path.join(folder, 'meta.json'), encoding='utf-8') as f:
+                itemsize = np.dtype(json.load(f).get('dtype', 'uint16')).itemsize
+            train_tokens = os.path.getsize(os.path.join(folder, 'train.bin')) // itemsize
+        except (OSError, ValueError, TypeError):  # no data folder here, or not one prepare.py wrote
             train_tokens = None
         epochs = f"{first['log'][-1]['tokens'] / train_tokens:.2f} epochs of its {train_tokens:,} training tokens" \
             if train_tokens else 'epochs unknown (no data folder here)'
