@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from common import UserError, WriteFailed, atomic_write, describe_os_error
 from model import OPERATOR_KEYS, in_corridor
-from sources import load_checkpoint, read_log, tensor_checksums
+from sources import load_checkpoint, read_log
 
 
 class TrainingStopped(UserError):
@@ -169,16 +169,15 @@ def wandb_metrics(entry):
 
 
 def checkpoint_state(model, optimizer, scaler, cfg, meta, progress, data_rng, device):
-    """Everything a resumed run needs to continue exactly: weights, optimizer moments, config, progress, RNGs; and
-    a checksum of each tensor, so that bytes changed on disk are one line at the next load, not a silent model."""
-    state = dict(model=saved_weights(model, cfg.train_only), weights=cfg.train_only, optimizer=optimizer.state_dict(),
+    """Everything a resumed run needs to continue exactly: weights, optimizer moments, config, progress, RNGs. (Bytes
+    changed on disk are one line at the next load: torch.save writes a CRC-32 of each record, sources.changed_records.)"""
+    return dict(model=saved_weights(model, cfg.train_only), weights=cfg.train_only, optimizer=optimizer.state_dict(),
                 scaler=scaler.state_dict(), model_args=asdict(model.config), config=vars(cfg), **progress,
                 source=model.source,
                 meta={k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos', 'tokenizer_source',
                                            'tokenizer_fingerprint') if k in meta},
                 rng=dict(torch=torch.get_rng_state(), data=data_rng.get_state(),
                          cuda=torch.cuda.get_rng_state(device) if device.startswith('cuda') else None))
-    return state | dict(checksums=tensor_checksums(state))  # every load checks the tensors it uses against these
 
 
 def saved_weights(model, train_only):

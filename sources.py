@@ -156,10 +156,15 @@ def load_model(source, **overrides):
 
 def load_checkpoint(path, map_location='cpu', mmap=False, purpose='model'):
     """A checkpoint dict, weights_only (no code runs from the file), checked against CHECKPOINT_KEYS for its purpose:
-    'info' (its keys and types: config, progress), 'model' (and its weights: shapes, checksums, finite) or 'resume'
-    (and the optimizer's moments, the scaler, the RNGs). mmap: tensors read only when used (a legacy file: read)."""
+    'info' (its keys and types: config, progress), 'model' (and its weights: shapes, bytes as saved, finite) or
+    'resume' (and the optimizer's moments, the scaler, the RNGs). mmap: tensors read only when used (a legacy file:
+    read). The bytes are checked against the CRC-32s torch.save wrote (changed_records): for 'info' only the pickle."""
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}")
+    changed = changed_records(path, pickle_only=purpose == 'info')
+    if 'data.pkl' in changed:
+        raise UserError(f"{path} is not a readable checkpoint: its bytes changed on disk (they no longer match the "
+                        f"CRC-32 saved with them); restore it from a copy, or train again")
     mmap = mmap and zipfile.is_zipfile(path)  # torch memory-maps only the zip format it writes since 1.6
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
@@ -169,43 +174,47 @@ def load_checkpoint(path, map_location='cpu', mmap=False, purpose='model'):
     except Exception as e:
         reason = next((line for line in str(e).strip().splitlines() if 'weights_only' not in line), type(e).__name__)
         raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt?): {reason.strip()}") from None
-    check_checkpoint(ckpt, path, purpose)
+    saved_crcs = None
+    if changed:  # which tensors sit in the changed records decides what still works (check_tensors)
+        with zipfile.ZipFile(path) as archive:
+            saved_crcs = {info.CRC for info in archive.infolist()}
+    check_checkpoint(ckpt, path, purpose, saved_crcs, changed)
     return ckpt
 
 
 # What train.py writes into ckpt.pt (run.checkpoint_state): each key's type. What reads a model needs READ_KEYS; a
 # resume needs RESUME_KEYS too; the others may be missing (a checkpoint from before they were saved: their defaults).
 CHECKPOINT_KEYS = dict(model=dict, model_args=dict, config=dict, meta=dict, iter_num=int, optimizer=dict, scaler=dict,
-                       rng=dict, tokens_seen=int, best_val_loss=float, seconds=float, weights=str, source=(str, type(None)),
-                       checksums=dict)
+                       rng=dict, tokens_seen=int, best_val_loss=float, seconds=float, weights=str, source=(str, type(None)))
 READ_KEYS = ('model', 'model_args', 'config', 'meta', 'iter_num')
 RESUME_KEYS = ('optimizer', 'scaler', 'rng', 'tokens_seen', 'best_val_loss')
 
 
-def check_checkpoint(ckpt, path, purpose):
-    """One line for the first thing wrong, and what still works: a resume's own keys are checked only for a resume."""
+def check_checkpoint(ckpt, path, purpose, saved_crcs=None, changed=()):
+    """One line for the first thing wrong, and what still works: a resume's own keys are checked only for a resume.
+    changed: the records whose bytes changed on disk; saved_crcs: every record's CRC-32 as saved (when some changed)."""
     folder = os.path.dirname(path) or '.'
     if isinstance(ckpt, dict) and isinstance(ckpt.get('model_args'), dict) and 'operator' not in ckpt['model_args'] \
             and 'meta' not in ckpt and 'n_layer' in ckpt['model_args']:
         raise UserError(f"{path} is a nanoGPT checkpoint (no operator keys, no tokenizer meta): corridor-gpt reads its "
                         f"own run folders and pretrained models; for OpenAI's weights use --init_from=gpt2")
     try:
-        check_read_keys(ckpt, path, purpose)
+        check_read_keys(ckpt, path, purpose, saved_crcs)
     except ValueError as e:
         raise UserError(f"{path} is not a checkpoint this version of corridor-gpt reads: {e}; nothing in it is used "
                         f"(restore it from a copy, or train again)") from None
     if purpose != 'resume':
         return
     try:
-        check_resume_keys(ckpt)
+        check_resume_keys(ckpt, saved_crcs, changed)
     except ValueError as e:
         raise UserError(f"{path} cannot resume the run: {e}; its weights are intact: sample or analyze it, or start "
                         f"a new run from them with --init_from={folder}") from None
 
 
-def check_read_keys(ckpt, path, purpose):
+def check_read_keys(ckpt, path, purpose, saved_crcs=None):
     """The keys every reader uses, their types, the weights' names and shapes against model_args; with purpose
-    'model' or 'resume', the weights' bytes against their checksums, and finite. A ValueError says what is wrong."""
+    'model' or 'resume', the weights' bytes as saved (check_tensors), and finite. A ValueError says what is wrong."""
     if not isinstance(ckpt, dict):
         raise ValueError(f"a {type(ckpt).__name__}, not a dict")
     needed = READ_KEYS + (RESUME_KEYS if purpose == 'resume' else ())
@@ -236,7 +245,7 @@ def check_read_keys(ckpt, path, purpose):
         raise ValueError(f"config and model_args disagree on {', '.join(disagree)}")
     check_weights(ckpt, args)
     if purpose != 'info':
-        verify_tensors(ckpt, ('model',))
+        check_tensors(ckpt, ('model',), saved_crcs)
 
 
 def type_name(kind):
@@ -283,9 +292,9 @@ def check_weights(ckpt, args):
         raise ValueError(f"'model' has a wrong tensor: {wrong[0]}")
 
 
-def check_resume_keys(ckpt):
-    """What restore_state reads: the optimizer's state dict, the grad scaler's, the RNG states; their tensors
-    against their checksums and finite. A ValueError says what is wrong."""
+def check_resume_keys(ckpt, saved_crcs=None, changed=()):
+    """What restore_state reads: the optimizer's state dict, the grad scaler's, the RNG states; their tensors as
+    saved and finite; and no other record changed on disk (a resume uses the whole file). A ValueError says what."""
     missing = [key for key in RESUME_KEYS if key not in ckpt]
     if missing:
         raise ValueError(f"no {', '.join(map(repr, missing))}")
@@ -303,11 +312,13 @@ def check_resume_keys(ckpt):
             and rng.get('torch').dtype == rng.get('data').dtype == torch.uint8
             and isinstance(rng.get('cuda'), (torch.Tensor, type(None)))):
         raise ValueError("'rng' lacks the torch, data and cuda generator states")
-    verify_tensors(ckpt, ('optimizer', 'rng'))
+    check_tensors(ckpt, ('optimizer', 'rng'), saved_crcs)
+    if changed:
+        raise ValueError(f"its record {changed[0]} does not match the CRC-32 saved with it (bytes changed on disk)")
 
 
 def tensors_in(obj, path=''):
-    """(path, tensor) of every tensor in nested dicts, lists and tuples: what the checksums cover."""
+    """(path, tensor) of every tensor in nested dicts, lists and tuples."""
     if isinstance(obj, torch.Tensor):
         yield path, obj
     elif isinstance(obj, dict):
@@ -318,25 +329,43 @@ def tensors_in(obj, path=''):
             yield from tensors_in(value, f"{path}/{i}")
 
 
-def tensor_checksums(ckpt):
-    """{path: CRC-32 of the tensor's bytes} over every tensor of a checkpoint dict (its 'checksums' aside): a flipped
-    byte changes one. CRC-32, not a cryptographic hash: it guards against corruption (its cost: docs/speed.md)."""
-    return {path: zlib.crc32(t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy())
-            for path, t in tensors_in({k: v for k, v in ckpt.items() if k != 'checksums'})}
+def changed_records(path, pickle_only=False):
+    """The records of a checkpoint's zip whose bytes no longer match the CRC-32 torch.save wrote beside each. torch
+    computes these on every save (torch.utils.serialization.config.save.compute_crc32, on by default), so checking
+    them costs a save nothing; torch itself checks none on an mmap load. A legacy (non-zip) file has none: [], and
+    neither has a record saved with compute_crc32 off (its CRC field 0). pickle_only: only the record that holds the
+    dict's structure (a cheap check)."""
+    changed = []
+    try:
+        if not zipfile.is_zipfile(path):
+            return []
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, ValueError):  # its directory unreadable
+        return ['data.pkl']
+    with archive:
+        for info in archive.infolist():
+            if info.CRC == 0 or pickle_only and not info.filename.endswith('/data.pkl'):
+                continue
+            try:
+                with archive.open(info) as record:
+                    while record.read(1 << 24):  # zipfile checks the CRC-32 as it reaches the record's end
+                        pass
+            except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, ValueError, zlib.error):
+                changed.append(info.filename.split('/', 1)[-1])  # its header is damaged, or its bytes
+    return changed
 
 
-def verify_tensors(ckpt, parts):
-    """The tensors under parts (top-level keys) match the checksums saved with them (a checkpoint from before they
-    were saved has none) and are finite. A ValueError names the first that is not."""
-    saved = ckpt.get('checksums')
-    actual = tensor_checksums({part: ckpt[part] for part in parts})
-    if saved is not None:
-        expected = {k: v for k, v in saved.items() if k.split('/')[0] in parts}
-        changed = [k for k in expected.keys() | actual.keys() if expected.get(k) != actual.get(k)]
-        if changed:
-            raise ValueError(f"{sorted(changed)[0]} does not match the checksum saved with it (bytes changed on disk)")
+def check_tensors(ckpt, parts, saved_crcs=None):
+    """The tensors under parts (top-level keys) are finite and, where some record changed (saved_crcs: the CRC-32 of
+    every record, as saved), not stored in a changed one: a tensor whose storage's CRC-32 is no record's. A
+    ValueError names the first that fails."""
     for path, t in tensors_in({part: ckpt[part] for part in parts}):
-        if t.is_floating_point() and not torch.isfinite(t).all():
+        if saved_crcs is not None:
+            storage = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage().cpu())
+            if zlib.crc32(storage.numpy()) not in saved_crcs:
+                raise ValueError(f"{path} does not match the CRC-32 saved with it (bytes changed on disk)")
+        # a sum is finite if every value is (20x faster than isfinite().all()); one that overflowed is checked exactly
+        if t.is_floating_point() and not torch.isfinite(t.sum()) and not torch.isfinite(t).all():
             raise ValueError(f"{path} holds non-finite values (inf or nan)")
 
 
