@@ -915,6 +915,38 @@ def test_batch_targets_are_the_inputs_shifted_by_one_token(tiny_data_root):
     assert y[:, -1].tolist() == [tokens[start + 32] for start in offsets[3].tolist()]
 
 
+def write_tokens(folder, train, val):
+    """A char dataset of 4 letters with these token ids in train.bin and val.bin (uint16, as prepare.py writes)."""
+    import numpy as np
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / 'meta.json').write_text(json.dumps(dict(tokenizer='char', vocab_size=4, itos=list('abcd'))))
+    for split, ids in (('train', train), ('val', val)):
+        np.array(ids, dtype=np.uint16).tofile(folder / f'{split}.bin')
+
+
+@pytest.mark.parametrize('block_size', [1, 8])
+def test_each_split_needs_one_token_more_than_block_size_whatever_the_batch_size(tmp_path, block_size):
+    """A window is block_size inputs and, one on, their targets: block_size + 1 tokens are exactly enough (one offset,
+    0, drawn batch_size times), block_size tokens are one line naming the split, in train.bin and in val.bin."""
+    from common import UserError
+    from train import Data
+    enough = [i % 4 for i in range(block_size + 1)]
+    write_tokens(tmp_path / 'exact', enough, enough)
+    data = Data(str(tmp_path), 'exact', block_size, 16, 'cpu')  # batch_size 16 > the tokens: drawn with replacement
+    for split in ('train', 'val'):
+        offsets = data.offsets(split, 3, torch.Generator().manual_seed(0))
+        assert offsets.shape == (3, 16) and (offsets == 0).all()
+        x, y = data.batch(split, offsets[0])
+        assert x[0].tolist() == enough[:-1] and y[0].tolist() == enough[1:]
+    short, plenty = enough[:-1], [i % 4 for i in range(100)]
+    for split, train, val in (('train', short, plenty), ('val', plenty, short)):
+        write_tokens(tmp_path / split, train, val)
+        with pytest.raises(UserError) as e:
+            Data(str(tmp_path), split, block_size, 1, 'cpu')
+        assert str(e.value) == (f"block_size={block_size} needs more tokens than that, but {split}.bin in "
+                                f"{tmp_path / split} has {block_size}")
+
+
 def record_steps(capsys, data_root, out, *args):
     """Train in this process; returns (the gradient of every parameter at each optimizer step, in float64, the
     training batches drawn (offsets), the window losses the log lines print, each step's (lr, lr_mult, size) per group).
