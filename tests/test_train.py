@@ -1121,9 +1121,27 @@ def test_an_attention_run_reads_as_attention_and_ends_naming_its_checkpoint_and_
                      '--eval_interval=2', '--decay_lr=False', '--log_interval=1')
     assert corridor.returncode == 0, corridor.stderr[-2000:]
     iters = [line for line in corridor.stdout.splitlines() if line.startswith('iter ')]
-    # claim (b)'s threshold, labelled, beside any γ < 0; the operator named once, in the header, not on every line
-    assert iters and all(' | γ̄ -0.5' in line and 'heads at −1 < γ < −0.05: 100% (γ < 0: 100%)' in line
+    # claim (b)'s threshold, labelled, beside the corridor; the operator named once, in the header, not on every line
+    assert iters and all(' | γ̄ -0.5' in line and 'heads at −1 < γ < −0.05: 100% (−1 < γ < 0: 100%)' in line
                          and 'corridor' not in line for line in iters)
+
+
+def test_the_log_lines_shares_count_the_heads_strictly_inside_each_interval_over_every_head():
+    """The log line's "where the heads are": mean γ and δ over every head of every layer, the share of all heads with
+    −1 < γ < −0.05 (claim (b)) and with −1 < γ < 0 (the corridor), both open intervals as model.in_corridor reads
+    them: a Laplacian head (γ = −1), one beyond it, attention (γ = 0) and a head at −0.05 itself are not counted."""
+    from model import CLAIM_B, GPT, GPTConfig
+    from train import operator_summary
+    model = GPT(GPTConfig(n_layer=2, n_head=5, n_embd=20, block_size=8, vocab_size=8, operator='corridor'))
+    gammas = [[-1.0, -0.5, CLAIM_B, 0.0, 0.3],            # claim (b): −0.5;  corridor: −0.5, −0.05
+              [-1.5, -0.0499, -0.0501, -0.7, -0.2]]        # claim (b): −0.0501, −0.7, −0.2;  corridor: those, −0.0499
+    with torch.no_grad():
+        for block, row in zip(model.transformer.h, gammas):
+            block.attn.coefficients.gamma.copy_(torch.tensor(row))  # δ stays 1: γ = c_I / c_P exactly
+    # 4 of 10 heads, 6 of 10; mean γ −3.75 / 10 (by layer it would be 1 of 5 and 2 of 5 in layer 0)
+    assert operator_summary(model) == " | γ̄ -0.375 δ̄ 1.000, heads at −1 < γ < −0.05: 40% (−1 < γ < 0: 60%)"
+    attention = GPT(GPTConfig(n_layer=2, n_head=5, n_embd=20, block_size=8, vocab_size=8, operator='attention'))
+    assert operator_summary(attention) == ''  # no scalars, no "0 % of heads"
 
 
 def test_prepare_on_demand_offline_names_the_prepare_command_that_takes_a_local_copy(monkeypatch, tmp_path):
