@@ -155,7 +155,20 @@ def test_ddp_two_gloo_processes_reach_the_losses_of_one_process(tiny_data_root, 
         assert b['train_loss'] == pytest.approx(a['train_loss'], rel=1e-5)
         assert b['val_loss'] == pytest.approx(a['val_loss'], rel=1e-5)
         torch.testing.assert_close(torch.tensor(b['gamma']), torch.tensor(a['gamma']), rtol=1e-4, atol=1e-5)
+        assert b['tokens'] == a['tokens'] == b['iter'] * 4 * 8 * 32  # the global batch's tokens, not a process's
     assert one[-1]['val_loss'] < one[0]['val_loss']
+    # rank 0 alone prints: the header names the global batch's tokens per iteration (4 micro-batches of 8 × 32,
+    # split 2 + 2 over the processes) and the processes; a log line's loss is the mean over both processes' steps
+    headers = [[line for line in r.stdout.splitlines() if 'tokens per iteration' in line] for r in (single, ddp)]
+    assert len(headers[0]) == len(headers[1]) == 1, ddp.stdout[-3000:]
+    assert headers[0][0].endswith(', 1,024 tokens per iteration, cpu, float32, 1 process(es)')
+    assert headers[1][0] == headers[0][0].replace('1 process(es)', '2 process(es)')
+    logged = [[line for line in r.stdout.splitlines() if line.startswith('iter ')] for r in (single, ddp)]
+    assert [line.split(':')[0] for line in logged[1]] == [line.split(':')[0] for line in logged[0]] == \
+        ['iter 10/20', 'iter 20/20']
+    for a, b in zip(*logged):
+        assert float(b.split('batch loss ')[1].split(',')[0]) == pytest.approx(
+            float(a.split('batch loss ')[1].split(',')[0]), abs=2e-4)
 
 
 # ---------------------------------------------------------------------------------------------- bad input
