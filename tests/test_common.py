@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from common import (UserError, WriteFailed, append_line, atomic_write, parse_config, peak_flops, peak_flops_of,
-                    resolve_dtype, save_checkpoint, saved_config)
+from common import (UserError, WriteFailed, append_line, atomic_write, model_config, parse_config, peak_flops,
+                    peak_flops_of, resolve_dtype, save_checkpoint, saved_config)
 
 
 @pytest.mark.parametrize('name,bf16,tf32', [
@@ -108,6 +108,39 @@ def test_a_saved_config_is_checked_as_the_command_line_is_and_its_unknown_keys_a
         with pytest.raises(UserError) as e:
             saved_config(KINDS, saved, 'ckpt.pt')
         assert str(e.value) == message
+
+
+SMALL = dict(block_size=8, vocab_size=16, n_layer=1, n_head=4, n_embd=16)
+
+
+@pytest.mark.parametrize('keys,message', [
+    (dict(n_head=0), "n_head must be positive, got 0"),
+    (dict(block_size=0), "block_size must be positive, got 0"),
+    (dict(n_embd=18), "n_embd=18 must be divisible by n_head=4"),
+    (dict(dropout=1.0), "dropout must be in [0, 1), got 1.0"),
+    (dict(dropout=-0.1), "dropout must be in [0, 1), got -0.1"),
+    (dict(operator='corridor', init_spread=-0.1), "init_spread must be >= 0, got -0.1"),
+    (dict(operator_lr_mult=-1.0), "operator_lr_mult must be >= 0, got -1.0"),
+    (dict(operator='laplacian', laplacian_heads=0), "laplacian_heads must be in [1, n_head=4], got 0"),
+    (dict(operator='laplacian', laplacian_heads=5), "laplacian_heads must be in [1, n_head=4], got 5"),
+    (dict(operator='corridor', gamma_nonneg=True, gamma_init=0.1, init_spread=0.2),
+     "gamma_nonneg needs gamma_init - init_spread >= 0, got 0.1 - 0.2"),
+    (dict(operator='attention', gamma_init=-0.1), "gamma_init only apply to a learnable operator"),
+])
+def test_a_config_no_model_can_have_is_one_line_when_the_config_is_built(keys, message):
+    with pytest.raises(UserError) as e:
+        model_config({**SMALL, **keys})
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize('keys', [dict(dropout=0.0), dict(dropout=0.999), dict(operator_lr_mult=0.0),
+                                  dict(operator='laplacian', laplacian_heads=1),
+                                  dict(operator='laplacian', laplacian_heads=4),
+                                  dict(operator='corridor', gamma_nonneg=True, gamma_init=0.25, init_spread=0.25),
+                                  dict(operator='corridor', init_spread=0.0), dict(n_head=1, n_embd=1)])
+def test_every_boundary_a_model_can_have_is_accepted(keys):
+    config = model_config({**SMALL, **keys})
+    assert all(getattr(config, k) == v for k, v in keys.items())
 
 
 # ---------------------------------------------------------------------------------------------- dtype='auto'
