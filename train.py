@@ -245,13 +245,15 @@ def estimate_loss(model, data, cfg, autocast, rank, world):
 
 def operator_summary(model):
     """Where the heads are, for the log lines: '' for plain attention (no scalars), else mean γ and δ, and the share
-    of heads claim (b) counts in the corridor (−1 < γ < −0.05), beside the share with any γ < 0."""
+    of heads claim (b) counts in the corridor (−1 < γ < −0.05), beside the corridor's (−1 < γ < 0), over every head."""
     if model.config.operator == 'attention':
         return ''
     gamma, delta = gamma_delta(model.operator_coefficients())
-    deep, any_ = (in_corridor(gamma, below).float().mean().item() for below in (CLAIM_B, 0.0))
+    deep, corridor = (in_corridor(gamma, below).float().mean().item() for below in (CLAIM_B, 0.0))
+    # the second share is the corridor's occupancy (analyze.py's, the studies'), so its label names −1 < γ < 0: it
+    # read "γ < 0" until issue 49, which a head at γ ≤ −1 (beyond the Laplacian, not counted) contradicted
     return f" | γ̄ {gamma.mean():+.3f} δ̄ {delta.mean():.3f}, heads at −1 < γ < −{-CLAIM_B:g}: {deep:.0%} " \
-           f"(γ < 0: {any_:.0%})"
+           f"(−1 < γ < 0: {corridor:.0%})"
 
 
 def log_evaluation(cfg, iter_num, lr, losses, model, progress, data, wandb, save):

@@ -47,6 +47,9 @@ def k(file, expression):
     return (f'tests/{file}', '-k', expression)
 
 
+CONFIG = 'value_takes or another_type or optional_keys or in_order or unknown_key or saved_config'
+DTYPE = ('tests/test_common.py', 'tests/test_train.py', '-k', 'dtype')  # test_train.py: the capability boundaries
+
 MUTANTS = [
     # issue 21's table: uncaught before it
     Mutant('t_at_n_df', 'lab/stats.py', 'p = t_two_sided_p(mean / se, n - 1)', 'p = t_two_sided_p(mean / se, n)',
@@ -160,6 +163,82 @@ MUTANTS = [
            'if micro_step + 2 < len(offsets):', k('test_train.py', 'gradient_accumulation')),
     Mutant('micro_batch_loaded_from_behind', 'train.py', "offsets[micro_step + 1])", "offsets[micro_step - 1])",
            k('test_train.py', 'gradient_accumulation')),
+    # issue 49 item 9: what a docstring or the README promises in five areas a fresh set of bugs found under-tested
+    # the configurator's type checks (common.py)
+    Mutant('config_bool_counts_as_int', 'common.py', 'or type(value) is type(default) and not isinstance(default, float)',
+           'or isinstance(value, type(default)) and not isinstance(default, float)', k('test_common.py', CONFIG)),
+    Mutant('config_int_kept_where_a_float_is', 'common.py', 'return float(value)', 'return value',
+           k('test_common.py', CONFIG)),
+    Mutant('config_bool_accepted_as_float', 'common.py',
+           'isinstance(value, (int, float)) and not isinstance(value, bool)', 'isinstance(value, (int, float))',
+           k('test_common.py', CONFIG)),
+    Mutant('config_none_for_any_key', 'common.py', 'if value is None and key in optional or',
+           'if value is None or', k('test_common.py', CONFIG)),
+    Mutant('config_saved_values_unchecked', 'common.py', 'config[key] = _checked(key, saved[key], defaults[key], ())',
+           'config[key] = saved[key]', k('test_common.py', CONFIG)),
+    Mutant('config_dropout_one_allowed', 'common.py', 'not 0 <= c.dropout < 1', 'not 0 <= c.dropout <= 1',
+           k('test_common.py', 'no_model or boundary_a_model')),
+    Mutant('config_laplacian_heads_below_n_head', 'common.py', 'not 1 <= c.laplacian_heads <= c.n_head',
+           'not 1 <= c.laplacian_heads < c.n_head', k('test_common.py', 'no_model or boundary_a_model')),
+    Mutant('config_gamma_nonneg_strict', 'common.py', 'c.gamma_init - c.init_spread < 0,',
+           'c.gamma_init - c.init_spread <= 0,', k('test_common.py', 'no_model or boundary_a_model')),
+    # the data-size check (sources.py)
+    Mutant('data_block_size_tokens_let_through', 'sources.py', 'size // self.dtype.itemsize <= block_size:',
+           'size // self.dtype.itemsize < block_size:', k('test_train.py', 'one_token_more')),
+    Mutant('data_exactly_enough_refused', 'sources.py', 'size // self.dtype.itemsize <= block_size:',
+           'size // self.dtype.itemsize <= block_size + 1:', k('test_train.py', 'one_token_more')),
+    Mutant('data_needs_a_batch_of_windows', 'sources.py', 'size // self.dtype.itemsize <= block_size:',
+           'size // self.dtype.itemsize <= block_size * batch_size:', k('test_train.py', 'one_token_more')),
+    Mutant('data_val_split_unchecked', 'sources.py', 'if size // self.dtype.itemsize <= block_size:',
+           "if split == 'train' and size // self.dtype.itemsize <= block_size:", k('test_train.py', 'one_token_more')),
+    Mutant('data_offsets_one_short', 'sources.py', 'self.n_tokens[split] - self.block_size,',
+           'self.n_tokens[split] - self.block_size - 1,', k('test_train.py', 'one_token_more')),
+    # the DDP log lines (train.py's header, run.LogWindow)
+    Mutant('ddp_tokens_per_process', 'train.py',
+           'tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size',
+           'tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size // world',
+           k('test_train.py', 'ddp_two_gloo and learnable')),
+    Mutant('ddp_every_rank_prints_the_header', 'train.py', 'if rank == 0:\n        print(f"{raw_model.get_num_params()',
+           'if True:\n        print(f"{raw_model.get_num_params()', k('test_train.py', 'ddp_two_gloo and learnable')),
+    Mutant('ddp_micro_batches_not_divided_among_processes', 'run.py',
+           'if cfg.gradient_accumulation_steps % world:', 'if cfg.gradient_accumulation_steps < world:',
+           k('test_run.py', 'torchrun')),
+    Mutant('ddp_nccl_on_the_cpu', 'run.py', "('nccl' if cuda else 'gloo')", "('gloo' if cuda else 'nccl')",
+           k('test_run.py', 'torchrun')),
+    Mutant('ddp_processes_leave_without_waiting', 'run.py', 'dist.barrier()\n        dist.destroy_process_group()',
+           'dist.destroy_process_group()', k('test_run.py', 'torchrun')),
+    Mutant('ddp_mfu_of_all_devices', 'run.py', 'mfu = self.flops_per_iter / dt / self.world / self.peak',
+           'mfu = self.flops_per_iter / dt / self.peak', k('test_run.py', 'under_ddp')),
+    Mutant('ddp_tokens_per_second_of_one_process', 'run.py', 'self.tokens_per_iter / dt:,.0f} tok/s',
+           'self.tokens_per_iter / dt / self.world:,.0f} tok/s', k('test_run.py', 'under_ddp')),
+    Mutant('ddp_window_loss_summed_over_processes', 'run.py', 'shared[0].item() / self.world / self.iters',
+           'shared[0].item() / self.iters', k('test_run.py', 'under_ddp')),
+    Mutant('ddp_stop_of_another_process_missed', 'run.py', 'shared[1].item() > 0', 'stop_seen',
+           k('test_run.py', 'under_ddp')),
+    # dtype='auto' (common.resolve_dtype)
+    Mutant('auto_dtype_of_gpu_0', 'common.py', 'torch.cuda.get_device_capability(torch.device(device))',
+           'torch.cuda.get_device_capability()', DTYPE),
+    Mutant('auto_dtype_overrides_an_explicit_one', 'common.py',
+           "if dtype != 'auto' or not device.startswith('cuda'):", "if not device.startswith('cuda'):", DTYPE),
+    Mutant('auto_dtype_bf16_from_hopper_only', 'common.py', "[0] >= 8 else 'float16'", "[0] > 8 else 'float16'",
+           DTYPE),
+    Mutant('auto_dtype_counts_emulated_bf16', 'common.py',
+           "'bfloat16' if torch.cuda.get_device_capability(torch.device(device))[0] >= 8",
+           "'bfloat16' if torch.cuda.is_bf16_supported()", DTYPE),
+    # the log line's occupancy shares (train.operator_summary, model.in_corridor)
+    Mutant('occupancy_claim_b_at_zero', 'train.py', 'for below in (CLAIM_B, 0.0))', 'for below in (0.0, 0.0))',
+           k('test_train.py', 'strictly_inside')),
+    Mutant('occupancy_shares_swapped', 'train.py', 'deep, corridor = (', 'corridor, deep = (',
+           k('test_train.py', 'strictly_inside')),
+    Mutant('occupancy_of_the_first_layer', 'train.py', 'in_corridor(gamma, below).float().mean()',
+           'in_corridor(gamma[0], below).float().mean()', k('test_train.py', 'strictly_inside')),
+    Mutant('occupancy_any_negative_gamma', 'train.py', 'in_corridor(gamma, below).float().mean()',
+           '(gamma < below).float().mean()', k('test_train.py', 'strictly_inside')),
+    Mutant('corridor_closed_interval', 'model.py', 'return (gamma > -1) & (gamma < below)',
+           'return (gamma >= -1) & (gamma <= below)', k('test_train.py', 'strictly_inside')),
+    # `python -m lab.sweep --launcher=slurm` without SLURM
+    Mutant('slurm_absence_unchecked', 'lab/launch.py', "if not shutil.which('sbatch'):", 'if False:',
+           k('test_sweep.py', 'without_slurm')),
 ]
 
 

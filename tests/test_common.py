@@ -1,6 +1,7 @@
-"""common.py: the accelerator table behind MFU, checkpoint files that a crash never tears, and writes that
-fail part-way (a full disk) leaving the old file whole and no temporary file (the configurator and tokenizers
-are tested through the scripts that use them)."""
+"""common.py: the configurator's promises (a value takes its default's type, an int where a float is, a bool is no
+number, None only where optional, files in order then overrides, an unknown key named), the 'auto' dtype, the
+accelerator table behind MFU, checkpoint files that a crash never tears, and writes that fail part-way (a full disk)
+leaving the old file whole and no temporary file (the tokenizers are tested through the scripts that use them)."""
 
 import json
 import os
@@ -9,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from common import WriteFailed, append_line, atomic_write, peak_flops, peak_flops_of, save_checkpoint
+from common import (UserError, WriteFailed, append_line, atomic_write, model_config, parse_config, peak_flops,
+                    peak_flops_of, resolve_dtype, save_checkpoint, saved_config)
 
 
 @pytest.mark.parametrize('name,bf16,tf32', [
@@ -28,6 +30,151 @@ def test_peak_flops_match_the_most_specific_gpu_name(name, bf16, tf32):
 def test_no_peak_for_unknown_gpus_or_the_cpu():
     assert peak_flops_of('NVIDIA GeForce RTX 4090', 'bfloat16') is None
     assert peak_flops('cpu', 'float32') is None
+
+
+# ---------------------------------------------------------------------------------------------- the configurator
+
+# one key of each kind a script's DEFAULTS has (train.py's n_layer, learning_rate, compile, operator; sample.py's top_k)
+KINDS = dict(n_layer=12, learning_rate=6e-4, compile=True, operator='attention', top_k=200)
+
+
+def test_a_value_takes_its_defaults_type_and_an_int_where_a_float_is_becomes_a_float(tmp_path):
+    config = parse_config(KINDS, ['--n_layer=3', '--learning_rate=1', '--compile=False', '--operator=corridor'])
+    assert config == dict(n_layer=3, learning_rate=1.0, compile=False, operator='corridor', top_k=200)
+    assert type(config['learning_rate']) is float and type(config['n_layer']) is int  # 1, not True, not 1.0
+    (tmp_path / 'c.py').write_text('learning_rate = 2\nn_layer = 4\n')  # a config file's int too
+    config = parse_config(KINDS, [str(tmp_path / 'c.py')])
+    assert type(config['learning_rate']) is float and config['learning_rate'] == 2.0 and config['n_layer'] == 4
+
+
+@pytest.mark.parametrize('arg,message', [
+    ('--n_layer=True', "n_layer must be int like its default 12, got True"),        # a bool is no number
+    ('--n_layer=False', "n_layer must be int like its default 12, got False"),
+    ('--learning_rate=True', "learning_rate must be float like its default 0.0006, got True"),
+    ('--compile=1', "compile must be bool like its default True, got 1"),            # nor a number a bool
+    ('--compile=0.0', "compile must be bool like its default True, got 0.0"),
+    ('--n_layer=3.0', "n_layer must be int like its default 12, got 3.0"),           # a float is no int, even whole
+    ('--operator=3', "operator must be str like its default 'attention', got 3"),
+    ('--learning_rate=[1e-3]', "learning_rate must be float like its default 0.0006, got [0.001]"),
+    ('--n_layer=None', "n_layer must be int like its default 12, got None"),         # None: only optional keys
+])
+def test_a_value_of_another_type_is_one_line_naming_the_key_its_default_and_the_value(arg, message):
+    with pytest.raises(UserError) as e:
+        parse_config(KINDS, [arg], optional=('top_k',))
+    assert str(e.value) == message
+
+
+def test_none_only_for_the_optional_keys_and_an_optional_key_keeps_its_type_otherwise():
+    assert parse_config(KINDS, ['--top_k=None'], optional=('top_k',))['top_k'] is None
+    assert parse_config(KINDS, ['--top_k=None', '--top_k=5'], optional=('top_k',))['top_k'] == 5
+    with pytest.raises(UserError, match="top_k must be int like its default 200, got None"):
+        parse_config(KINDS, ['--top_k=None'])  # not named optional
+    with pytest.raises(UserError, match="top_k must be int like its default 200, got 2.5"):
+        parse_config(KINDS, ['--top_k=2.5'], optional=('top_k',))
+
+
+def test_config_files_apply_in_order_then_the_overrides_and_the_defaults_stay_untouched(tmp_path):
+    (tmp_path / 'a.py').write_text('n_layer = 2\nlearning_rate = 1e-3\n')
+    # what is not a key: private names, imports, functions
+    (tmp_path / 'b.py').write_text('import math\n_scratch = 7\ndef helper():\n    pass\nn_layer = 4\n')
+    before = dict(KINDS)
+    assert parse_config(KINDS, [str(tmp_path / 'a.py'), str(tmp_path / 'b.py')])['n_layer'] == 4
+    config = parse_config(KINDS, [str(tmp_path / 'a.py'), str(tmp_path / 'b.py'), '--n_layer=6'])
+    assert config == {**KINDS, 'n_layer': 6, 'learning_rate': 1e-3}
+    assert KINDS == before and config is not KINDS
+
+
+def test_an_unknown_key_or_a_wrong_type_in_a_config_file_names_the_file(tmp_path):
+    (tmp_path / 'c.py').write_text('n_layr = 3\n')
+    with pytest.raises(UserError) as e:
+        parse_config(KINDS, [str(tmp_path / 'c.py')])
+    assert str(e.value) == f"unknown config key 'n_layr' in {tmp_path / 'c.py'} (did you mean 'n_layer'?)"
+    (tmp_path / 'c.py').write_text('compile = 1\n')
+    with pytest.raises(UserError) as e:
+        parse_config(KINDS, [str(tmp_path / 'c.py')])
+    assert str(e.value) == "compile must be bool like its default True, got 1"
+    with pytest.raises(UserError) as e:
+        parse_config(KINDS, ['--vocab_size=50304'], hints=dict(vocab_size='vocab_size comes from the data'))
+    assert str(e.value) == "vocab_size comes from the data (the command line)"
+
+
+def test_a_saved_config_is_checked_as_the_command_line_is_and_its_unknown_keys_are_left_out():
+    config, ignored = saved_config(KINDS, dict(n_layer=4, learning_rate=1, old_key='x', another=1), 'ckpt.pt')
+    assert config == {**KINDS, 'n_layer': 4, 'learning_rate': 1.0} and type(config['learning_rate']) is float
+    assert ignored == ['another', 'old_key']
+    for saved, message in ((dict(n_layer=True), "ckpt.pt: n_layer must be int like its default 12, got True"),
+                           (dict(top_k=None), "ckpt.pt: top_k must be int like its default 200, got None"),
+                           (dict(compile='yes'), "ckpt.pt: compile must be bool like its default True, got 'yes'")):
+        with pytest.raises(UserError) as e:
+            saved_config(KINDS, saved, 'ckpt.pt')
+        assert str(e.value) == message
+
+
+SMALL = dict(block_size=8, vocab_size=16, n_layer=1, n_head=4, n_embd=16)
+
+
+@pytest.mark.parametrize('keys,message', [
+    (dict(n_head=0), "n_head must be positive, got 0"),
+    (dict(block_size=0), "block_size must be positive, got 0"),
+    (dict(n_embd=18), "n_embd=18 must be divisible by n_head=4"),
+    (dict(dropout=1.0), "dropout must be in [0, 1), got 1.0"),
+    (dict(dropout=-0.1), "dropout must be in [0, 1), got -0.1"),
+    (dict(operator='corridor', init_spread=-0.1), "init_spread must be >= 0, got -0.1"),
+    (dict(operator_lr_mult=-1.0), "operator_lr_mult must be >= 0, got -1.0"),
+    (dict(operator='laplacian', laplacian_heads=0), "laplacian_heads must be in [1, n_head=4], got 0"),
+    (dict(operator='laplacian', laplacian_heads=5), "laplacian_heads must be in [1, n_head=4], got 5"),
+    (dict(operator='corridor', gamma_nonneg=True, gamma_init=0.1, init_spread=0.2),
+     "gamma_nonneg needs gamma_init - init_spread >= 0, got 0.1 - 0.2"),
+    (dict(operator='attention', gamma_init=-0.1), "gamma_init only apply to a learnable operator"),
+])
+def test_a_config_no_model_can_have_is_one_line_when_the_config_is_built(keys, message):
+    with pytest.raises(UserError) as e:
+        model_config({**SMALL, **keys})
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize('keys', [dict(dropout=0.0), dict(dropout=0.999), dict(operator_lr_mult=0.0),
+                                  dict(operator='laplacian', laplacian_heads=1),
+                                  dict(operator='laplacian', laplacian_heads=4),
+                                  dict(operator='corridor', gamma_nonneg=True, gamma_init=0.25, init_spread=0.25),
+                                  dict(operator='corridor', init_spread=0.0), dict(n_head=1, n_embd=1)])
+def test_every_boundary_a_model_can_have_is_accepted(keys):
+    config = model_config({**SMALL, **keys})
+    assert all(getattr(config, k) == v for k, v in keys.items())
+
+
+# ---------------------------------------------------------------------------------------------- dtype='auto'
+
+def fake_gpus(monkeypatch, capabilities):
+    """GPUs of these compute capabilities, one per index (cuda without an index: the current one, 0)."""
+    asked = []
+
+    def capability(device=None):
+        index = torch.device(device).index if device is not None else None
+        asked.append(index)
+        return capabilities[index or 0]
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', capability)
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda including_emulation=True: True)  # a V100 says yes
+    return asked
+
+
+def test_auto_dtype_follows_the_capability_of_the_runs_own_gpu(monkeypatch):
+    """A node with a V100 (7.0) as cuda:0 and an H100 (9.0) as cuda:1: each run's dtype is its own GPU's."""
+    asked = fake_gpus(monkeypatch, {0: (7, 0), 1: (9, 0)})
+    assert resolve_dtype('auto', 'cuda:1') == 'bfloat16'
+    assert resolve_dtype('auto', 'cuda:0') == 'float16'
+    assert resolve_dtype('auto', 'cuda') == 'float16'
+    assert asked[:2] == [1, 0]
+    fake_gpus(monkeypatch, {0: (8, 0)})  # an A100, the first with native bf16
+    assert resolve_dtype('auto', 'cuda') == 'bfloat16'
+
+
+@pytest.mark.parametrize('capability', [(7, 5), (9, 0)])
+def test_an_explicit_dtype_is_kept_on_any_gpu_and_on_the_cpu_and_auto_on_the_cpu_is_float32(monkeypatch, capability):
+    fake_gpus(monkeypatch, {0: capability})
+    for dtype in ('float32', 'bfloat16', 'float16'):
+        assert resolve_dtype(dtype, 'cuda:0') == dtype and resolve_dtype(dtype, 'cpu') == dtype
+    assert resolve_dtype('auto', 'cpu') == 'float32'
 
 
 # ---------------------------------------------------------------------------------------------- writes that fail

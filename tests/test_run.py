@@ -208,6 +208,57 @@ def test_the_eta_is_the_iterations_left_at_the_sittings_pace(monkeypatch):
     assert run.duration(45) == '45s' and run.duration(245) == '4m05s' and run.duration(7800) == '2h10m'
 
 
+def test_under_ddp_a_log_line_gives_the_runs_tokens_per_second_mfu_per_device_and_the_mean_loss_of_every_process(
+        monkeypatch):
+    """Two processes (world 2) of one global step of 1,000 tokens, 4,000 FLOPs, every 2 s: 500 tok/s is the run's
+    (each process computes its half in the same 2 s), MFU is each device's, 4,000 / 2 / 2 of a 2,000 FLOP/s peak;
+    the window's loss is the mean over both processes and both steps, and a stop seen by the other process is seen."""
+    now = [0.0]
+    monkeypatch.setattr(run.time, 'time', lambda: now[0])
+    window = run.LogWindow('cpu', max_iters=12, flops_per_iter=4000.0, tokens_per_iter=1000, world=2, peak=2000.0)
+    for it in (1, 2, 3):  # the first, compiling step is left out
+        now[0] += 2.0
+        window.step_done(it)
+    assert window.speed(3) == ", 500 tok/s, mfu 50.0%, 2000 ms/iter, ETA 18s"
+    window.reset()
+    window.loss += 1.0  # this process's two steps: losses 1.0 and 2.0
+    window.loss += 2.0
+    window.iters = 2
+
+    def the_other_process(shared, op):  # its two steps summed to 5.0, and Ctrl-C reached it
+        assert op == run.dist.ReduceOp.SUM
+        shared += torch.tensor([5.0, 1.0])
+    monkeypatch.setattr(run.dist, 'all_reduce', the_other_process)
+    assert window.meet(False, ddp=True) == (2.0, True)  # (1 + 2 + 5) / 2 processes / 2 steps
+
+
+def fake_torchrun(monkeypatch, world):
+    """This process as rank 0 of `world` under torchrun (its environment), the process group's calls recorded."""
+    calls = []
+    monkeypatch.setenv('RANK', '0')
+    monkeypatch.setenv('LOCAL_RANK', '0')
+    monkeypatch.setattr(run.dist, 'init_process_group', lambda **kw: calls.append(('init', kw['backend'])))
+    monkeypatch.setattr(run.dist, 'get_rank', lambda: 0)
+    monkeypatch.setattr(run.dist, 'get_world_size', lambda: world)
+    monkeypatch.setattr(run.dist, 'barrier', lambda: calls.append('barrier'))
+    monkeypatch.setattr(run.dist, 'destroy_process_group', lambda: calls.append('destroy'))
+    return calls
+
+
+def test_under_torchrun_the_micro_batches_must_divide_among_the_processes_which_leave_together(monkeypatch, tmp_path):
+    """backend 'auto' is gloo on the CPU; gradient_accumulation_steps split over the processes (6 over 3: 2 each; 4
+    over 3: one line naming both); at the end every process waits for the others, then leaves the group."""
+    calls = fake_torchrun(monkeypatch, world=3)
+    cfg = SimpleNamespace(device='cpu', backend='auto', gradient_accumulation_steps=6, out_dir=str(tmp_path))
+    with run.processes(cfg) as (ddp, rank, world, device):
+        assert (ddp, rank, world, device) == (True, 0, 3, 'cpu') and calls == [('init', 'gloo')]
+    assert calls == [('init', 'gloo'), 'barrier', 'destroy']
+    with pytest.raises(UserError) as e:
+        with run.processes(SimpleNamespace(**{**vars(cfg), 'gradient_accumulation_steps': 4})):
+            pass
+    assert str(e.value) == "gradient_accumulation_steps=4 must be divisible by the 3 DDP processes"
+
+
 def test_the_next_commands_of_the_quick_start_are_the_readmes(monkeypatch):
     """The quick start's run ends with exactly the README's next commands; a corridor run's other run is attention
     with its own out_dir, an attention run's the corridor; a resumed run's command line holds no config to repeat."""

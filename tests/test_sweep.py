@@ -362,6 +362,21 @@ def test_bad_input_is_one_line(tmp_path, args, message):
     assert not any(tmp_path.iterdir())
 
 
+def test_the_slurm_launcher_on_a_machine_without_slurm_is_one_line_and_writes_nothing(tiny_data_root, tmp_path):
+    """`python -m lab.sweep --launcher=slurm` where there is no sbatch: exit 2, one `error:` line, no traceback, no
+    run folder. This test makes SLURM absent itself: the command's PATH is an empty folder (sbatch is looked up on
+    PATH), since .ci/run may have installed a local SLURM (tests/slurm_local.sh) in /usr/bin for test_launch.py."""
+    nothing = tmp_path / 'empty_path'
+    nothing.mkdir()
+    out_root = tmp_path / 'sweeps'
+    result = run_script('lab.sweep', '--variants=attention,corridor', '--seeds=1', f'--out_root={out_root}',
+                        '--launcher=slurm', f'--base={REPO / "configs" / "_sweep_cpu.py"}', '--', *TINY_RUN,
+                        f'--data_root={tiny_data_root}', cwd=tmp_path, env=dict(PATH=str(nothing)))
+    assert_one_line_error(result, "--launcher=slurm needs SLURM's sbatch, and there is none on this machine's PATH",
+                          "--launcher=local (or commands)")
+    assert not out_root.exists() and result.stdout == ''
+
+
 def test_plan_prints_the_gpu_budget_without_data_or_training(tmp_path):
     result = run_script('lab.sweep', '--study=scales', '--gpu=True', '--plan=True', f'--out_root={tmp_path}', cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]

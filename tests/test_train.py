@@ -155,7 +155,20 @@ def test_ddp_two_gloo_processes_reach_the_losses_of_one_process(tiny_data_root, 
         assert b['train_loss'] == pytest.approx(a['train_loss'], rel=1e-5)
         assert b['val_loss'] == pytest.approx(a['val_loss'], rel=1e-5)
         torch.testing.assert_close(torch.tensor(b['gamma']), torch.tensor(a['gamma']), rtol=1e-4, atol=1e-5)
+        assert b['tokens'] == a['tokens'] == b['iter'] * 4 * 8 * 32  # the global batch's tokens, not a process's
     assert one[-1]['val_loss'] < one[0]['val_loss']
+    # rank 0 alone prints: the header names the global batch's tokens per iteration (4 micro-batches of 8 × 32,
+    # split 2 + 2 over the processes) and the processes; a log line's loss is the mean over both processes' steps
+    headers = [[line for line in r.stdout.splitlines() if 'tokens per iteration' in line] for r in (single, ddp)]
+    assert len(headers[0]) == len(headers[1]) == 1, ddp.stdout[-3000:]
+    assert headers[0][0].endswith(', 1,024 tokens per iteration, cpu, float32, 1 process(es)')
+    assert headers[1][0] == headers[0][0].replace('1 process(es)', '2 process(es)')
+    logged = [[line for line in r.stdout.splitlines() if line.startswith('iter ')] for r in (single, ddp)]
+    assert [line.split(':')[0] for line in logged[1]] == [line.split(':')[0] for line in logged[0]] == \
+        ['iter 10/20', 'iter 20/20']
+    for a, b in zip(*logged):
+        assert float(b.split('batch loss ')[1].split(',')[0]) == pytest.approx(
+            float(a.split('batch loss ')[1].split(',')[0]), abs=2e-4)
 
 
 # ---------------------------------------------------------------------------------------------- bad input
@@ -915,6 +928,38 @@ def test_batch_targets_are_the_inputs_shifted_by_one_token(tiny_data_root):
     assert y[:, -1].tolist() == [tokens[start + 32] for start in offsets[3].tolist()]
 
 
+def write_tokens(folder, train, val):
+    """A char dataset of 4 letters with these token ids in train.bin and val.bin (uint16, as prepare.py writes)."""
+    import numpy as np
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / 'meta.json').write_text(json.dumps(dict(tokenizer='char', vocab_size=4, itos=list('abcd'))))
+    for split, ids in (('train', train), ('val', val)):
+        np.array(ids, dtype=np.uint16).tofile(folder / f'{split}.bin')
+
+
+@pytest.mark.parametrize('block_size', [1, 8])
+def test_each_split_needs_one_token_more_than_block_size_whatever_the_batch_size(tmp_path, block_size):
+    """A window is block_size inputs and, one on, their targets: block_size + 1 tokens are exactly enough (one offset,
+    0, drawn batch_size times), block_size tokens are one line naming the split, in train.bin and in val.bin."""
+    from common import UserError
+    from train import Data
+    enough = [i % 4 for i in range(block_size + 1)]
+    write_tokens(tmp_path / 'exact', enough, enough)
+    data = Data(str(tmp_path), 'exact', block_size, 16, 'cpu')  # batch_size 16 > the tokens: drawn with replacement
+    for split in ('train', 'val'):
+        offsets = data.offsets(split, 3, torch.Generator().manual_seed(0))
+        assert offsets.shape == (3, 16) and (offsets == 0).all()
+        x, y = data.batch(split, offsets[0])
+        assert x[0].tolist() == enough[:-1] and y[0].tolist() == enough[1:]
+    short, plenty = enough[:-1], [i % 4 for i in range(100)]
+    for split, train, val in (('train', short, plenty), ('val', plenty, short)):
+        write_tokens(tmp_path / split, train, val)
+        with pytest.raises(UserError) as e:
+            Data(str(tmp_path), split, block_size, 1, 'cpu')
+        assert str(e.value) == (f"block_size={block_size} needs more tokens than that, but {split}.bin in "
+                                f"{tmp_path / split} has {block_size}")
+
+
 def record_steps(capsys, data_root, out, *args):
     """Train in this process; returns (the gradient of every parameter at each optimizer step, in float64, the
     training batches drawn (offsets), the window losses the log lines print, each step's (lr, lr_mult, size) per group).
@@ -1087,9 +1132,27 @@ def test_an_attention_run_reads_as_attention_and_ends_naming_its_checkpoint_and_
                      '--eval_interval=2', '--decay_lr=False', '--log_interval=1')
     assert corridor.returncode == 0, corridor.stderr[-2000:]
     iters = [line for line in corridor.stdout.splitlines() if line.startswith('iter ')]
-    # claim (b)'s threshold, labelled, beside any γ < 0; the operator named once, in the header, not on every line
-    assert iters and all(' | γ̄ -0.5' in line and 'heads at −1 < γ < −0.05: 100% (γ < 0: 100%)' in line
+    # claim (b)'s threshold, labelled, beside the corridor; the operator named once, in the header, not on every line
+    assert iters and all(' | γ̄ -0.5' in line and 'heads at −1 < γ < −0.05: 100% (−1 < γ < 0: 100%)' in line
                          and 'corridor' not in line for line in iters)
+
+
+def test_the_log_lines_shares_count_the_heads_strictly_inside_each_interval_over_every_head():
+    """The log line's "where the heads are": mean γ and δ over every head of every layer, the share of all heads with
+    −1 < γ < −0.05 (claim (b)) and with −1 < γ < 0 (the corridor), both open intervals as model.in_corridor reads
+    them: a Laplacian head (γ = −1), one beyond it, attention (γ = 0) and a head at −0.05 itself are not counted."""
+    from model import CLAIM_B, GPT, GPTConfig
+    from train import operator_summary
+    model = GPT(GPTConfig(n_layer=2, n_head=5, n_embd=20, block_size=8, vocab_size=8, operator='corridor'))
+    gammas = [[-1.0, -0.5, CLAIM_B, 0.0, 0.3],            # claim (b): −0.5;  corridor: −0.5, −0.05
+              [-1.5, -0.0499, -0.0501, -0.7, -0.2]]        # claim (b): −0.0501, −0.7, −0.2;  corridor: those, −0.0499
+    with torch.no_grad():
+        for block, row in zip(model.transformer.h, gammas):
+            block.attn.coefficients.gamma.copy_(torch.tensor(row))  # δ stays 1: γ = c_I / c_P exactly
+    # 4 of 10 heads, 6 of 10; mean γ −3.75 / 10 (by layer it would be 1 of 5 and 2 of 5 in layer 0)
+    assert operator_summary(model) == " | γ̄ -0.375 δ̄ 1.000, heads at −1 < γ < −0.05: 40% (−1 < γ < 0: 60%)"
+    attention = GPT(GPTConfig(n_layer=2, n_head=5, n_embd=20, block_size=8, vocab_size=8, operator='attention'))
+    assert operator_summary(attention) == ''  # no scalars, no "0 % of heads"
 
 
 def test_prepare_on_demand_offline_names_the_prepare_command_that_takes_a_local_copy(monkeypatch, tmp_path):
