@@ -102,15 +102,22 @@ def config_text(value):
 
 
 def open_run_folder(cfg, defaults, resumed, iter_num, held):
-    """Rank 0's run folder, after every check of the input (bad input overwrites nothing): locked until the run ends,
-    log.jsonl cut back to the checkpoint (a crash's later lines are written again) or an old run's checkpoints
-    removed, config.json written and named with the keys changed from train.py's defaults. Returns wandb or None."""
+    """Rank 0's run folder, after every check of the input (bad input overwrites nothing and leaves no train.lock):
+    locked until the run ends, log.jsonl cut back to the checkpoint (a crash's later lines are written again) or an
+    old run's checkpoints removed, config.json written and named with the keys changed from train.py's defaults.
+    Returns wandb or None."""
     ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
     if not resumed and os.path.exists(ckpt_path) and not cfg.overwrite:
         raise UserError(f"{ckpt_path} exists: continue it with --init_from=resume, pick another --out_dir, or pass "
                         f"--overwrite=True to start over")
-    held.enter_context(claim_run_folder(cfg.out_dir))
+    try:
+        wandb = __import__('wandb') if cfg.wandb_log else None
+    except ImportError:
+        raise UserError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)") from None
+    # log.jsonl read before the folder is claimed: a bad line is one line and leaves no train.lock behind (the
+    # checkpoint was read unlocked too; a run that still holds the folder is refused just below)
     kept = [json.dumps(e) + '\n' for e in read_log(cfg.out_dir) if e.get('iter', math.inf) <= iter_num] if resumed else []
+    held.enter_context(claim_run_folder(cfg.out_dir))
     if not resumed:  # a fresh run (maybe --overwrite): an old checkpoint, log or snapshots would mix two runs
         for name in os.listdir(cfg.out_dir):
             if name.startswith('ckpt') and name.endswith('.pt'):
@@ -122,12 +129,8 @@ def open_run_folder(cfg, defaults, resumed, iter_num, held):
     changed = ' '.join(f"{k}={config_text(v)}" for k, v in vars(cfg).items() if defaults.get(k) != v)
     print(f"config: {os.path.join(cfg.out_dir, 'config.json')} (every key); changed from train.py's defaults: "
           f"{changed or 'none'}")
-    if not cfg.wandb_log:
+    if wandb is None:
         return None
-    try:
-        import wandb
-    except ImportError:
-        raise UserError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)") from None
     wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg), dir=cfg.out_dir,
                resume='allow' if resumed else None)
     return wandb

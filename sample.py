@@ -51,7 +51,7 @@ def main(argv):
         if not os.path.isfile(path):
             raise UserError(f"prompt file {path!r} not found")
         try:
-            with open(path, encoding='utf-8') as f:
+            with open(path, encoding='utf-8-sig') as f:  # a BOM is no character of the prompt
                 start = f.read()
         except UnicodeDecodeError:
             raise UserError(f"prompt file {path} is not UTF-8 text: save it as UTF-8") from None

@@ -46,44 +46,55 @@ def check_meta(meta):
         raise ValueError("tokenizer 'hf' without a tokenizer_source")
 
 
+def read_meta(data_root, dataset):
+    """data_root/dataset/meta.json, checked (check_meta), or one line naming it and how to write it again."""
+    path = os.path.join(data_root, dataset, 'meta.json')
+    if not os.path.isfile(path):
+        raise UserError(f"no prepared data at {os.path.join(data_root, dataset)} (meta.json missing): run "
+                        f"`python prepare.py {dataset}` or set --data_root / --dataset")
+    try:
+        with open(path, encoding='utf-8') as f:
+            meta = json.load(f)
+        check_meta(meta)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+        reason = str(e).splitlines()[0] if not isinstance(e, UnicodeDecodeError) else 'not UTF-8 text'
+        raise UserError(f"{path} is not a meta.json written by prepare.py ({reason}): rerun "
+                        f"`python prepare.py {dataset}`") from None
+    return meta
+
+
+def read_tokens(data_root, dataset, split, meta, at_least):
+    """data_root/dataset/split.bin as a memmap of meta.json's dtype, checked: a whole number of tokens, more than
+    at_least of them, every id below vocab_size. The callers say in at_least's message what needs them."""
+    path = os.path.join(data_root, dataset, f'{split}.bin')
+    dtype = np.dtype(meta.get('dtype', 'uint16'))
+    size = os.path.getsize(path) if os.path.isfile(path) else 0
+    if size % dtype.itemsize:
+        raise UserError(f"{path} has {size} bytes, not a whole number of {dtype} tokens (truncated?): rerun "
+                        f"`python prepare.py {dataset}`")
+    if size // dtype.itemsize <= at_least[0]:
+        raise UserError(f"{at_least[1]}, but {path} has {size // dtype.itemsize} tokens")
+    tokens = np.memmap(path, dtype=dtype, mode='r')
+    # an id past the vocabulary is an IndexError deep in the model on a CPU, a device-side assert on CUDA: one
+    # vectorised pass now (docs/training.md: its time per GB)
+    largest = int(tokens.max())
+    if largest >= meta['vocab_size']:
+        raise UserError(f"{path} holds token id {largest}, but meta.json's vocab_size is {meta['vocab_size']} "
+                        f"(corrupt, or from another preparation): rerun `python prepare.py {dataset}`")
+    return tokens
+
+
 class Data:
     """data_root/dataset: meta.json, train.bin and val.bin (uint16 tokens, or meta.json's dtype: uint32), checked as
-    they open: meta.json's fields, each file's size, and every token id below vocab_size."""
+    they open (read_meta, read_tokens): meta.json's fields, each file's size, and every token id below vocab_size."""
 
     def __init__(self, data_root, dataset, block_size, batch_size, device):
         self.dir, self.block_size, self.batch_size, self.device = \
             os.path.join(data_root, dataset), block_size, batch_size, device
-        meta_path = os.path.join(self.dir, 'meta.json')
-        if not os.path.isfile(meta_path):
-            raise UserError(f"no prepared data at {self.dir} (meta.json missing): run `python prepare.py {dataset}` "
-                            f"or set --data_root / --dataset")
-        try:
-            with open(meta_path, encoding='utf-8') as f:
-                self.meta = json.load(f)
-            check_meta(self.meta)
-        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
-            reason = str(e).splitlines()[0] if not isinstance(e, UnicodeDecodeError) else 'not UTF-8 text'
-            raise UserError(f"{meta_path} is not a meta.json written by prepare.py ({reason}): rerun "
-                            f"`python prepare.py {dataset}`") from None
+        self.meta = read_meta(data_root, dataset)
         self.dtype = np.dtype(self.meta.get('dtype', 'uint16'))
-        self.n_tokens = {}
-        for split in ('train', 'val'):
-            path = os.path.join(self.dir, f'{split}.bin')
-            size = os.path.getsize(path) if os.path.isfile(path) else 0
-            if size % self.dtype.itemsize:
-                raise UserError(f"{path} has {size} bytes, not a whole number of {self.dtype} tokens (truncated?): "
-                                f"rerun `python prepare.py {dataset}`")
-            if size // self.dtype.itemsize <= block_size:
-                raise UserError(f"block_size={block_size} needs more tokens than that, but {split}.bin in {self.dir} "
-                                f"has {size // self.dtype.itemsize}")
-            self.n_tokens[split] = size // self.dtype.itemsize
-            # an id past the vocabulary is an IndexError deep in the model on a CPU, a device-side assert on CUDA:
-            # one vectorised pass now (docs/training.md: its time per GB)
-            largest = int(np.memmap(path, dtype=self.dtype, mode='r').max())
-            if largest >= self.meta['vocab_size']:
-                raise UserError(f"{path} holds token id {largest}, but meta.json's vocab_size is "
-                                f"{self.meta['vocab_size']} (corrupt, or from another preparation): rerun "
-                                f"`python prepare.py {dataset}`")
+        self.n_tokens = {split: len(read_tokens(data_root, dataset, split, self.meta, (
+            block_size, f"block_size={block_size} needs more tokens than that"))) for split in ('train', 'val')}
 
     def offsets(self, split, count, generator):  # [count, batch_size] random start positions
         return torch.randint(self.n_tokens[split] - self.block_size, (count, self.batch_size), generator=generator)
@@ -136,7 +147,7 @@ def is_gpt2(source):
     try:
         with open(os.path.join(source, 'config.json')) as f:
             return source in GPT2_NAMES or json.load(f).get('model_type') == 'gpt2'
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # not GPT-2's: what reads it next says what's wrong
         return source in GPT2_NAMES
 
 

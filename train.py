@@ -117,6 +117,10 @@ def resolve_config(argv):
     for wrong, message in (
             (min(cfg.max_iters, cfg.snapshot_interval, cfg.warmup_iters, cfg.walk_interval) < 0,
              "max_iters, snapshot_interval, warmup_iters and walk_interval must be >= 0"),
+            (min(cfg.learning_rate, cfg.min_lr, cfg.weight_decay, cfg.grad_clip) < 0,  # a negative grad_clip flips
+             "learning_rate, min_lr, weight_decay and grad_clip must be >= 0"),      # the gradients, silently
+            (not (0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1),
+             f"beta1 and beta2 must be in [0, 1), got {cfg.beta1} and {cfg.beta2}"),
             (cfg.walk_interval % cfg.eval_interval, f"walk_interval={cfg.walk_interval} must be a multiple of "
              f"eval_interval={cfg.eval_interval} (the geometry is logged at evaluations)"),
             (cfg.decay_lr and cfg.lr_decay_iters <= cfg.warmup_iters, f"lr_decay_iters={cfg.lr_decay_iters} must "

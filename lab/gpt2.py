@@ -3,6 +3,8 @@ OpenAI's GPT-2 weights in our own GPT, one job: sources.load_model reads GPT-2 (
 local transformers folder) this way, so GPT-2 trains, samples and walks as model.py's model.
 """
 
+import os
+
 import torch
 
 from common import UserError
@@ -17,11 +19,19 @@ def gpt2(model_type, **overrides):
     if architecture:
         raise UserError(f"GPT-2's architecture is fixed by its weights: cannot override {sorted(architecture)}")
     from transformers import GPT2LMHeadModel  # only needed here
+    from lab.hf_sources import quiet_transformers, read_config
+    if os.path.isdir(model_type):
+        read_config(os.path.join(model_type, 'config.json'))  # or one line
+    quiet_transformers()
     try:
-        hf = GPT2LMHeadModel.from_pretrained(model_type)
+        hf, loading = GPT2LMHeadModel.from_pretrained(model_type, output_loading_info=True)
     except (OSError, ValueError) as e:
         raise UserError(f"cannot load GPT-2 weights {model_type!r}: {str(e).splitlines()[0]} (no network? pass a "
                         f"local folder saved with save_pretrained)") from None
+    if loading['missing_keys']:  # transformers fills them in at random, silently: another model's weights
+        raise UserError(f"{model_type} holds no GPT-2 weights for {sorted(loading['missing_keys'])[0]} (and "
+                        f"{len(loading['missing_keys']) - 1} more): its config.json says model_type 'gpt2' for "
+                        f"another model's weights?") from None
     c = hf.config
     model = GPT(GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
                           n_embd=c.n_embd, bias=True, **overrides))

@@ -20,6 +20,13 @@ from common import GPT2_NAMES, UserError
 from lab.gguf_files import PACKAGED_GGUF, gguf_folder, gguf_model_type, gguf_path, is_gguf
 
 
+def quiet_transformers():
+    """No progress bars nor warnings from transformers on stderr, where a one-line error must stay one line."""
+    import transformers
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
 class Family(NamedTuple):
     causal: bool          # a decoder (causal edges) or an encoder (every pair of non-special tokens)
     attention: Callable   # the base model -> its attention modules, first layer first
@@ -81,8 +88,7 @@ def model_type(source):
         if not os.path.isfile(os.path.join(source, 'config.json')):
             raise UserError(f"{source!r} is neither a run folder with ckpt.pt nor a GPT-2 model or other transformers "
                             f"folder (no config.json)")
-        with open(os.path.join(source, 'config.json')) as f:
-            kind = json.load(f).get('model_type')
+        kind = read_config(os.path.join(source, 'config.json')).get('model_type')
     elif re.fullmatch(r'[\w.-]+/[\w.-]+', source) and not os.path.exists(source):  # a hub name
         import transformers
         try:
@@ -97,6 +103,31 @@ def model_type(source):
     if kind != 'gpt2' and kind not in FAMILIES:
         raise UserError(f"{source}: model_type {kind!r} is not supported (supported: gpt2, {', '.join(FAMILIES)})")
     return kind
+
+
+# config.json's sizes (Llama's names, BERT's, GPT-2's): transformers builds a model of any value, warning on stderr
+# at a zero, failing on a negative with a traceback deep inside torch
+CONFIG_SIZES = ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads',
+                'num_key_value_heads', 'head_dim', 'max_position_embeddings', 'n_embd', 'n_layer', 'n_head',
+                'n_positions')
+
+
+def read_config(path):
+    """A transformers folder's config.json as a dict, its sizes whole numbers > 0, or one line naming the file (read
+    before transformers reads it, whose own errors are tracebacks of its JSON parser)."""
+    try:
+        with open(path, encoding='utf-8') as f:
+            config = json.load(f)
+        if not isinstance(config, dict):
+            raise ValueError(f"a {type(config).__name__}, not an object")
+        for key in CONFIG_SIZES:
+            if key in config and not (type(config[key]) is int and config[key] > 0):
+                raise ValueError(f"{key} is {config[key]!r}, not a whole number > 0")
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+        reason = 'not UTF-8 text' if isinstance(e, UnicodeDecodeError) else str(e).splitlines()[0]
+        raise UserError(f"{path} is not a transformers config.json ({reason}): save the model again with "
+                        f"save_pretrained, or restore the file") from None
+    return config
 
 
 def minilm_zip():

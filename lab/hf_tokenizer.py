@@ -7,13 +7,13 @@ import contextlib
 import json
 
 from common import UserError
-from lab.hf_sources import model_folder
+from lab.hf_sources import model_folder, quiet_transformers
 
 
 def load_tokenizer(source, folder=None):
     """The tokenizer saved with a source (a GGUF file's is rebuilt once, in its cached folder)."""
     import transformers
-    transformers.logging.set_verbosity_error()
+    quiet_transformers()
     with contextlib.ExitStack() as stack:
         folder = folder or stack.enter_context(model_folder(source))
         try:

@@ -14,7 +14,7 @@ import torch
 
 from common import UserError
 from lab.connection import TextCodec, WalkLayer
-from lab.hf_sources import FAMILIES, model_folder
+from lab.hf_sources import FAMILIES, model_folder, quiet_transformers
 from lab.hf_tokenizer import load_tokenizer
 from lab.pretrained import OPERATOR_ATTENTION_EAGER, register_operator_attention
 
@@ -68,7 +68,7 @@ def load(source, device):
     """(HFWalk, common.TextCodec, longest sequence) for a transformers folder, hub name, .gguf file or packaged model
     of a FAMILIES model."""
     import transformers
-    transformers.logging.set_verbosity_error()  # no unused-weight lists (lm_head), no sequence-length warnings
+    quiet_transformers()  # no unused-weight lists (lm_head), no sequence-length warnings, no loading bars
     with model_folder(source) as folder:
         try:  # float32 whatever the checkpoint's dtype: bf16 probabilities would blur the geometry
             model = transformers.AutoModel.from_pretrained(folder, attn_implementation='eager', dtype=torch.float32)

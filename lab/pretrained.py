@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 from common import UserError, model_config
 from lab.gguf_files import gguf_folder, gguf_path, is_gguf
-from lab.hf_sources import FAMILIES, model_folder, model_type
+from lab.hf_sources import FAMILIES, model_folder, model_type, quiet_transformers
 from lab.hf_tokenizer import load_tokenizer, tokenizer_fingerprint
 from model import GPT, OperatorCoefficients, apply_operator, next_token
 
@@ -160,8 +160,7 @@ def load_pretrained(source, **operator_keys):
         raise UserError(f"{source} is a {kind} model, not a causal LM: train.py and sample.py take "
                         f"{', '.join(CAUSAL_FAMILIES)}")
     import transformers
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()  # a bar per load on stderr: a one-line error must stay one line
+    quiet_transformers()
     with model_folder(source) as folder:
         try:  # float32 weights: train.py's autocast picks the compute dtype, as for our GPT
             lm = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from common import UserError, atomic_write, main_guard
 from lab.figures import plt, save
-from sources import check_tokenizer, load_model, load_run
+from sources import check_tokenizer, load_model, load_run, read_meta, read_tokens
 from model import OperatorCoefficients
 
 
@@ -46,18 +46,11 @@ def corridor_at_the_model(model):
 
 def sequences(data_root, dataset, split, n_seqs, seq_len, seed):
     """(meta, [n_seqs, seq_len + 1] token windows) at seeded random offsets of a prepared split."""
-    folder = os.path.join(data_root, dataset)
-    try:
-        with open(os.path.join(folder, 'meta.json')) as f:
-            meta = json.load(f)
-    except (OSError, ValueError):
-        raise UserError(f"no prepared data at {folder} (meta.json): run prepare.py first") from None
-    tokens = np.memmap(os.path.join(folder, f'{split}.bin'), dtype=meta.get('dtype', 'uint16'), mode='r')
-    if len(tokens) <= seq_len + 1:
-        # (a split of exactly seq_len + 1 tokens would hold one window; the offsets are drawn below the last one,
-        # kept so that the documented probe runs draw the same sequences)
-        raise UserError(f"{folder}/{split}.bin has {len(tokens)} tokens; the probe draws windows of --seq_len={seq_len} "
-                        f"+ 1 from at least {seq_len + 2}")
+    # (a split of exactly seq_len + 1 tokens would hold one window; the offsets are drawn below the last one, kept
+    # so that the documented probe runs draw the same sequences)
+    meta = read_meta(data_root, dataset)
+    tokens = read_tokens(data_root, dataset, split, meta, (seq_len + 1, f"the probe draws windows of --seq_len="
+                                                                         f"{seq_len} + 1 from at least {seq_len + 2}"))
     offsets = torch.randint(len(tokens) - seq_len - 1, (n_seqs,), generator=torch.Generator().manual_seed(seed))
     return meta, torch.stack([torch.from_numpy(tokens[i:i + seq_len + 1].astype(np.int64)) for i in offsets])
 

@@ -34,8 +34,12 @@ def read_text(path):
     if path:
         if not os.path.isfile(path):
             raise UserError(f"--text {path!r} not found")
-        with open(path, encoding='utf-8') as f:
-            return f.read()
+        try:  # utf-8-sig: a BOM is no character of the text
+            with open(path, encoding='utf-8-sig') as f:
+                return f.read()
+        except UnicodeDecodeError as e:
+            raise UserError(f"--text {path} is not UTF-8 text (byte {e.start}): convert it, e.g. iconv -t UTF-8") \
+                from None
     try:
         from datasets import load_dataset
         return ''.join(load_dataset('wikitext', 'wikitext-2-raw-v1', split='test')['text'])
@@ -404,7 +408,6 @@ def run_diagnostics(args):
     if len(set(names)) < len(names):
         raise UserError("several sources share a folder name; give them distinct names")
     text = read_text(args.text)
-    os.makedirs(out, exist_ok=True)
     saved = dict(settings=dict(n_seqs=args.n_seqs, seq_len=args.seq_len, drop_sink=args.drop_sink,
                                text=args.text or 'wikitext-2 test', sampling=args.sampling, seed=args.seed,
                                gram_edges=args.gram_edges, null_model=args.null_model, quantize=quantize,
@@ -423,6 +426,7 @@ def run_diagnostics(args):
         if not 0 <= layer < entry['n_layer']:
             raise UserError(f"--layer {layer} is not a layer of {name} (0 .. {entry['n_layer'] - 1})")
         twin = random_twin(walker, args.seed) if args.null_model else None
+        os.makedirs(out, exist_ok=True)  # here, with the first plot: a source refused above leaves no empty folder
         for part in parts(walker):
             r, entry[part] = walk_model(walker, idx.to(device), sweep_idx, part, args, name)
             plot_heatmaps(walker, r, name if part == 'attention' else f'{name} (full operator)', layer,

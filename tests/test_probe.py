@@ -107,7 +107,7 @@ def test_probe_windows_are_whole_seeded_and_the_shortest_split_is_one_line(tmp_p
     import numpy as np
     from common import UserError
     (tmp_path / 'd').mkdir()
-    (tmp_path / 'd' / 'meta.json').write_text(json.dumps(dict(vocab_size=64, tokenizer='char')))
+    (tmp_path / 'd' / 'meta.json').write_text(json.dumps(dict(vocab_size=64, tokenizer='synthetic')))
     np.arange(40, dtype=np.uint16).tofile(tmp_path / 'd' / 'val.bin')
     _, windows = sequences(str(tmp_path), 'd', 'val', n_seqs=400, seq_len=30, seed=0)
     assert windows.shape == (400, 31)
@@ -116,5 +116,6 @@ def test_probe_windows_are_whole_seeded_and_the_shortest_split_is_one_line(tmp_p
     assert torch.equal(sequences(str(tmp_path), 'd', 'val', n_seqs=400, seq_len=30, seed=0)[1], windows)
     assert not torch.equal(sequences(str(tmp_path), 'd', 'val', n_seqs=400, seq_len=30, seed=1)[1], windows)
     assert sequences(str(tmp_path), 'd', 'val', n_seqs=3, seq_len=38, seed=0)[1].shape == (3, 39)
-    with pytest.raises(UserError, match=r'has 40 tokens; the probe draws windows of --seq_len=39 \+ 1 from at least 41'):
+    with pytest.raises(UserError, match=r'the probe draws windows of --seq_len=39 \+ 1 from at least 41, but '
+                                        r'.*val.bin has 40 tokens'):
         sequences(str(tmp_path), 'd', 'val', n_seqs=3, seq_len=39, seed=0)
