@@ -183,14 +183,15 @@ MUTANTS = [
     Mutant('config_gamma_nonneg_strict', 'common.py', 'c.gamma_init - c.init_spread < 0,',
            'c.gamma_init - c.init_spread <= 0,', k('test_common.py', 'no_model or boundary_a_model')),
     # the data-size check (sources.py)
-    Mutant('data_block_size_tokens_let_through', 'sources.py', 'size // self.dtype.itemsize <= block_size:',
-           'size // self.dtype.itemsize < block_size:', k('test_train.py', 'one_token_more')),
-    Mutant('data_exactly_enough_refused', 'sources.py', 'size // self.dtype.itemsize <= block_size:',
-           'size // self.dtype.itemsize <= block_size + 1:', k('test_train.py', 'one_token_more')),
-    Mutant('data_needs_a_batch_of_windows', 'sources.py', 'size // self.dtype.itemsize <= block_size:',
-           'size // self.dtype.itemsize <= block_size * batch_size:', k('test_train.py', 'one_token_more')),
-    Mutant('data_val_split_unchecked', 'sources.py', 'if size // self.dtype.itemsize <= block_size:',
-           "if split == 'train' and size // self.dtype.itemsize <= block_size:", k('test_train.py', 'one_token_more')),
+    Mutant('data_block_size_tokens_let_through', 'sources.py', 'if size // dtype.itemsize <= at_least[0]:',
+           'if size // dtype.itemsize < at_least[0]:', k('test_train.py', 'one_token_more')),
+    Mutant('data_exactly_enough_refused', 'sources.py', 'if size // dtype.itemsize <= at_least[0]:',
+           'if size // dtype.itemsize <= at_least[0] + 1:', k('test_train.py', 'one_token_more')),
+    Mutant('data_needs_a_batch_of_windows', 'sources.py', '            block_size, f"block_size={block_size} needs',
+           '            block_size * batch_size, f"block_size={block_size} needs', k('test_train.py', 'one_token_more')),
+    Mutant('data_val_split_unchecked', 'sources.py', '            block_size, f"block_size={block_size} needs',
+           '            block_size if split == \'train\' else 0, f"block_size={block_size} needs',
+           k('test_train.py', 'one_token_more')),
     Mutant('data_offsets_one_short', 'sources.py', 'self.n_tokens[split] - self.block_size,',
            'self.n_tokens[split] - self.block_size - 1,', k('test_train.py', 'one_token_more')),
     # the DDP log lines (train.py's header, run.LogWindow)
@@ -239,6 +240,15 @@ MUTANTS = [
     # `python -m lab.sweep --launcher=slurm` without SLURM
     Mutant('slurm_absence_unchecked', 'lab/launch.py', "if not shutil.which('sbatch'):", 'if False:',
            k('test_sweep.py', 'without_slurm')),
+    # checkpoint bytes against torch.save's CRC-32s, and finite (sources.changed_records, check_tensors)
+    Mutant('crc_pickle_only_always', 'sources.py',
+           "if info.CRC == 0 or pickle_only and not info.filename.endswith('/data.pkl'):",
+           "if info.CRC == 0 or not info.filename.endswith('/data.pkl'):", ('tests/test_sources.py',)),
+    Mutant('crc_every_tensor_blamed', 'sources.py', 'if zlib.crc32(storage.numpy()) not in saved_crcs:',
+           'if zlib.crc32(storage.numpy()) in saved_crcs or True:', ('tests/test_sources.py',)),
+    Mutant('finite_by_the_sum_alone', 'sources.py',
+           'not torch.isfinite(t.sum()) and not torch.isfinite(t).all():', 'not torch.isfinite(t.sum()):',
+           ('tests/test_sources.py',)),
 ]
 
 

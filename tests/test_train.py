@@ -956,8 +956,8 @@ def test_each_split_needs_one_token_more_than_block_size_whatever_the_batch_size
         write_tokens(tmp_path / split, train, val)
         with pytest.raises(UserError) as e:
             Data(str(tmp_path), split, block_size, 1, 'cpu')
-        assert str(e.value) == (f"block_size={block_size} needs more tokens than that, but {split}.bin in "
-                                f"{tmp_path / split} has {block_size}")
+        assert str(e.value) == (f"block_size={block_size} needs more tokens than that, but "
+                                f"{tmp_path / split / f'{split}.bin'} has {block_size} tokens")
 
 
 def record_steps(capsys, data_root, out, *args):
