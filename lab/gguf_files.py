@@ -197,6 +197,7 @@ def gguf_folder(path):
         return folder
     require_gguf_readers()
     import transformers
+    check_gguf_extent(path)  # a damaged header or a cut file: one line now, not transformers' words after the notice
     os.makedirs(gguf_cache_root(), exist_ok=True)
     print(f"dequantising {path} once into {folder} ...", file=sys.stderr)
     try:

@@ -1,8 +1,8 @@
 """Corrupted and foreign files, each given to the command that reads it, in-process (main_guard with argv): every case
 ends in exit 2 with one `error:` line and no traceback, or in a correct run; a failed command changes no file and
 creates none. Every reader: ckpt.pt and log.jsonl (sample, analyze, a resume), then meta.json, train.bin, val.bin, the
-run's config.json, config files, prompt files, prepare.py's inputs, a transformers folder's config.json and
-lab.walk's text. Seeded: the default tier runs a sample of the cases, `-m slow` all of them (counts: docs/tests.md)."""
+run's config.json, config files, prompt files, prepare.py's inputs, a transformers folder's config.json,
+lab.walk's text and a GGUF file. Seeded: the default tier runs a sample of the cases, `-m slow` all of them (counts: docs/tests.md)."""
 
 import hashlib
 import json
@@ -482,3 +482,70 @@ def test_every_readers_corrupt_file_is_one_line_or_a_correct_run(target, trained
             except AssertionError as e:
                 failures.append(str(e)[:600])
     assert not failures, f"{len(failures)} of {len(every)} cases failed:\n" + '\n'.join(failures)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GGUF files: a tiny Llama written as llama.cpp's converter writes it (tests/test_hf.py), corrupted and given to
+# lab.walk and to sample.py --init_from=FILE, which dequantise it through transformers into a cached folder. GGUF
+# holds no checksum: a byte flipped inside a tensor's data loads as another weight (a run that exits 0).
+
+@pytest.fixture(scope='module')
+def gguf_file(tmp_path_factory):
+    pytest.importorskip('gguf', reason='GGUF files need the gguf package')
+    pytest.importorskip('transformers', reason='GGUF files are read through transformers')
+    from test_hf import tiny_model, write_gguf
+    path = tmp_path_factory.mktemp('gguf') / 'tiny.gguf'
+    write_gguf(tiny_model('llama'), path)
+    return path
+
+
+def gguf_cases(path):
+    """(name, corrupt): truncated at 6 points, bytes flipped at seeded offsets of the header (metadata and tensor
+    table) and of the tensor data, the magic, version and tensor count rewritten, garbage appended."""
+    from gguf import GGUFReader
+    data = path.read_bytes()
+    header = min(int(t.data_offset) for t in GGUFReader(path).tensors)  # where the tensor data begins
+    rng = random.Random(SEED)
+    out = [(f'gguf-cut-{f}', lambda b, f=f: b[:int(len(b) * f)]) for f in (0.0, 0.01, 0.1, 0.5, 0.9, 0.999)]
+    out += [(f'gguf-flip-{o}', lambda b, o=o: flipped(b, o)) for o in sorted(rng.sample(range(header), 24))]
+    out += [(f'gguf-flip-data-{o}', lambda b, o=o: flipped(b, o)) for o in sorted(rng.sample(range(header, len(data)), 6))]
+    out += [('gguf-magic', lambda b: b'GGUX' + b[4:]), ('gguf-version-99', lambda b: b[:4] + (99).to_bytes(4, 'little') + b[8:]),
+            ('gguf-tensor-count-huge', lambda b: b[:8] + (2 ** 40).to_bytes(8, 'little') + b[16:]),
+            ('gguf-garbage-appended', lambda b: b + bytes(range(256)) * 4)]
+    return out
+
+
+def gguf_reader(command, path, tmp):
+    if command == 'walk':
+        from lab import walk
+        text = tmp / 'walk.txt'
+        text.write_text('the cat sees the dog and the dog sees the cat ' * 20)
+        return walk.main, [str(path), '--text', str(text), '--n_seqs=2', '--seq_len=8', '--no-null_model',
+                           '--gram_edges=0', '--out', str(tmp / 'walk-out')]
+    return sample.main, [f'--init_from={path}', '--start=the', '--num_samples=1', '--max_new_tokens=2', '--device=cpu']
+
+
+@pytest.mark.slow
+def test_every_corrupt_gguf_file_is_one_line_or_a_correct_run(gguf_file, tmp_path_factory, capsys, monkeypatch):
+    good, failures, outcomes = gguf_file.read_bytes(), [], []
+    cases = gguf_cases(gguf_file)
+    assert len(cases) >= 40
+    for name, corrupt in cases:
+        for command in ('walk', 'sample'):
+            tmp = tmp_path_factory.mktemp('case')
+            (tmp / 'files').mkdir()
+            path = tmp / 'files' / 'tiny.gguf'
+            path.write_bytes(corrupt(good))
+            monkeypatch.setenv('XDG_CACHE_HOME', str(tmp / 'cache'))  # each case dequantised afresh
+            before = tree(tmp / 'files')
+            status, err = run_in_process(*gguf_reader(command, path, tmp), capsys)
+            lines = err.strip().splitlines()
+            if status == 0 and 'Traceback' not in err:
+                outcomes.append('ran')
+            elif status == 2 and len(lines) == 1 and lines[0].startswith('error: ') and tree(tmp / 'files') == before \
+                    and not (tmp / 'walk-out').exists():
+                outcomes.append('refused')
+            else:
+                failures.append(f"{name} {command}: exit {status}: {err[-600:]}")
+    assert not failures, f"{len(failures)} of {2 * len(cases)} cases failed:\n" + '\n'.join(failures)
+    assert outcomes.count('refused') >= len(cases)  # most corruptions are refused, not run on
