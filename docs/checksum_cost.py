@@ -27,11 +27,8 @@ def timed(f):
 
 
 def save(crc, to_memory=False):
-    serialization.save.compute_crc32 = crc
-    try:
+    with serialization.patch({'save.compute_crc32': crc}):
         torch.save(state, io.BytesIO()) if to_memory else save_checkpoint(state, 'ckpt_cost.pt')
-    finally:
-        serialization.save.compute_crc32 = True
 
 
 times = {name: [] for name in ('save, no CRC', 'save (CRC, the default)', 'in memory, no CRC', 'in memory (CRC)',
