@@ -93,6 +93,16 @@ def run_in_process(main, argv, capsys):
     return status, capsys.readouterr().err
 
 
+def outcome(name, command, status, err):
+    """'ran' (exit 0) or 'refused' (exit 2, one `error:` line); a traceback or any other ending fails the case."""
+    assert 'Traceback' not in err, (name, command, err[-2000:])
+    if status == 0:
+        return 'ran'
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and lines[0].startswith('error: '), (name, command, status, err[-2000:])
+    return 'refused'
+
+
 COMMANDS = {
     'sample': lambda d: (sample.main, [f'--out_dir={d}', '--num_samples=1', '--max_new_tokens=4', '--device=cpu']),
     'analyze': lambda d: (analyze.main, [str(d), '--out', str(d.parent / 'analysis')]),
@@ -118,14 +128,9 @@ def check_case(case, trained_run, tiny_data_root, tmp_path, capsys, monkeypatch)
                                   f'--max_iters={iters}']
     else:
         main, argv = COMMANDS[command](run_dir)
-    status, err = run_in_process(main, argv, capsys)
-    lines = err.strip().splitlines()
-    assert 'Traceback' not in err, (name, command, err[-2000:])
-    if status == 0:
-        return 'ran'
-    assert status == 2 and len(lines) == 1 and lines[0].startswith('error: '), (name, command, status, err[-2000:])
-    assert digest(run_dir) == before, (name, command, 'a failed run changed the run folder')
-    return 'refused'
+    ended = outcome(name, command, *run_in_process(main, argv, capsys))
+    assert ended == 'ran' or digest(run_dir) == before, (name, command, 'a failed run changed the run folder')
+    return ended
 
 
 def test_a_seeded_sample_of_corrupt_files_is_one_line_or_a_correct_run(trained_run, tiny_data_root, tmp_path_factory,
@@ -422,15 +427,10 @@ def check_reader_case(case, trained_run, tiny_data_root, hf_folder, env, capsys,
     main, argv = READERS[command](env)
     if command.startswith(('prepare', 'hf-prepare')):
         monkeypatch.setattr('sys.argv', argv)
-    status, err = run_in_process(main, argv, capsys)
-    lines = err.strip().splitlines()
-    assert 'Traceback' not in err, (name, command, err[-2000:])
-    if status == 0:
-        return 'ran'
-    assert status == 2 and len(lines) == 1 and lines[0].startswith('error: '), (name, command, status, err[-2000:])
-    assert tree(env) == before, (name, command, 'a failed run changed or created files',
-                                 {k for k in before.keys() | tree(env).keys() if before.get(k) != tree(env).get(k)})
-    return 'refused'
+    ended = outcome(name, command, *run_in_process(main, argv, capsys))
+    assert ended == 'ran' or tree(env) == before, (name, command, 'a failed run changed or created files', {
+        k for k in before.keys() | tree(env).keys() if before.get(k) != tree(env).get(k)})
+    return ended
 
 
 @pytest.fixture(scope='module')
@@ -538,14 +538,11 @@ def test_every_corrupt_gguf_file_is_one_line_or_a_correct_run(gguf_file, tmp_pat
             path.write_bytes(corrupt(good))
             monkeypatch.setenv('XDG_CACHE_HOME', str(tmp / 'cache'))  # each case dequantised afresh
             before = tree(tmp / 'files')
-            status, err = run_in_process(*gguf_reader(command, path, tmp), capsys)
-            lines = err.strip().splitlines()
-            if status == 0 and 'Traceback' not in err:
-                outcomes.append('ran')
-            elif status == 2 and len(lines) == 1 and lines[0].startswith('error: ') and tree(tmp / 'files') == before \
-                    and not (tmp / 'walk-out').exists():
-                outcomes.append('refused')
-            else:
-                failures.append(f"{name} {command}: exit {status}: {err[-600:]}")
+            try:
+                outcomes.append(outcome(name, command, *run_in_process(*gguf_reader(command, path, tmp), capsys)))
+                assert outcomes[-1] == 'ran' or tree(tmp / 'files') == before and not (tmp / 'walk-out').exists(), \
+                    (name, command, 'a failed run changed or created files')
+            except AssertionError as e:
+                failures.append(str(e)[:600])
     assert not failures, f"{len(failures)} of {2 * len(cases)} cases failed:\n" + '\n'.join(failures)
     assert outcomes.count('refused') >= len(cases)  # most corruptions are refused, not run on
