@@ -163,7 +163,7 @@ def test_a_per_seed_file_is_recomputed_exactly_paired_by_seed_with_holm_over_the
     (tmp_path / 'toy.csv').write_text('setting,variant,seed,iter,tokens,val_loss,gamma_mean,delta_mean,seconds\n' + ''.join(
         f'{s},{v},{k},10,100,{repr(x)},-0.1,0.9,1.0\n' for s, v, k, x in rows))
     monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
-    cells = {(s, v): (t, p_holm, m, below) for s, v, t, p_holm, m, below in
+    cells = {(s, a): (t, p_holm, m, below) for s, a, _, t, p_holm, m, below in
              module.per_seed_cells('toy', module.read_per_seed(tmp_path / 'toy.csv'))}
     ta, pa, ma, below_a = cells[('a', 'corridor')]
     tb, pb, mb, below_b = cells[('b', 'corridor')]
@@ -173,3 +173,26 @@ def test_a_per_seed_file_is_recomputed_exactly_paired_by_seed_with_holm_over_the
     assert sorted((pa, pb)) == pytest.approx([2 * low, max(2 * low, high)])
     page = '\n'.join(module.per_seed_sections())
     assert '## `toy` from its per-seed file (11 runs;' in page and '| a | corridor − attention | 3 | ' in page
+
+
+def test_every_studies_md_table_of_a_study_with_a_per_seed_file_is_what_that_file_gives():
+    """docs/studies.md's tables of a study whose per-seed file is published are rendered from that file
+    (docs/results_recomputed.py's TABLES) and must appear on the page verbatim, as must the CIs it quotes for the claims
+    those tables test: no cell can drift from the runs."""
+    module = recomputed_module()
+    tables = module.study_tables()
+    page = (REPO / 'docs' / 'studies.md').read_text()
+    assert {'claims', 'fixed_gamma'} <= set(tables)  # not vacuous: the claims and fixed-γ tables are checked
+    for study, texts in tables.items():
+        for text in texts:
+            assert text in page, f"docs/studies.md lacks what the {study} per-seed file gives:\n{text}"
+
+
+def test_a_claims_table_cell_says_holm_and_the_unadjusted_p_where_only_that_passes():
+    module = recomputed_module()
+    lower, weak = module.summary_test(-0.0031, 0.0006, 3), module.summary_test(-0.0031, 0.0011, 3)
+    assert module.holm_words(lower, 0.025) == 'Holm 0.025: **lower**'
+    assert module.holm_words(weak, 0.079) == 'Holm 0.079: inconclusive (p 0.040)'
+    assert module.holm_words(module.summary_test(0.003, 0.0003, 3), 0.0004, ' (2 corpora)') == \
+        'Holm < 0.001 (2 corpora): **higher**'
+    assert module.signed(-0.00001) == '−0.0000' and module.signed(0.0005) == '+0.0005'
