@@ -4,8 +4,8 @@ MDE at 80 % power. Two sources: the per-seed files in docs/per_seed/ (one CSV a 
 what `python -m lab.sweep --study=NAME` writes as per_seed.csv), recomputed exactly, with the tables and quoted CIs of
 docs/studies.md that come from them (TABLES; tests/test_docs.py finds them on the page); and, for the studies whose
 per-seed files are not regenerated yet, the summaries the README and docs/ state (mean and SD of the paired
-differences, seeds per cell): p-values from a 4-decimal SD are approximate where the SD is 0.0001–0.0006. Also the ladder's two slopes
-(pre-registered unweighted, precision-weighted) and the 135M study's first sitting.
+differences, seeds per cell): p-values from a 4-decimal SD are approximate where the SD is 0.0001–0.0006. Also the
+ladder's two slopes (pre-registered unweighted, precision-weighted) and the 135M study's first sitting.
 
     python docs/results_recomputed.py          # -> docs/results_recomputed.md
 """
@@ -26,7 +26,6 @@ PER_SEED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'per_seed')
 
 TS, WT = 'Tiny Shakespeare', 'WikiText-2 (char)'
 
-# (the claims and fixed-γ studies' cells: exact, from their per-seed files in docs/per_seed/)
 # (size, corpus, mean, SD, n, non-embedding parameters, tokens); the base size's two cells are the claims study's runs,
 # taken exactly from its per-seed file (scales_cells)
 SCALES = [('tiny', TS, -0.0002, 0.0016, 8, 0.10e6, 0.92e6), ('tiny', WT, +0.0018, 0.0099, 8, 0.10e6, 0.92e6),
