@@ -196,3 +196,13 @@ def test_a_claims_table_cell_says_holm_and_the_unadjusted_p_where_only_that_pass
     assert module.holm_words(module.summary_test(0.003, 0.0003, 3), 0.0004, ' (2 corpora)') == \
         'Holm < 0.001 (2 corpora): **higher**'
     assert module.signed(-0.00001) == '−0.0000' and module.signed(0.0005) == '+0.0005'
+
+
+def test_runs_two_studies_share_have_one_set_of_numbers_in_their_per_seed_files():
+    """The fixed-γ study's attention, corridor and fixed γ = −0.5 runs are the claims study's (trained once): both
+    files must give them the same losses, γ and δ, or the two tables would quote two versions of one run."""
+    module = recomputed_module()
+    claims, fixed = (module.read_per_seed(REPO / 'docs' / 'per_seed' / f'{s}.csv') for s in ('claims', 'fixed_gamma'))
+    shared = claims.keys() & fixed.keys()
+    assert len(shared) == 18  # 3 variants × 3 seeds × 2 corpora
+    assert all(claims[k] == fixed[k] for k in shared)
