@@ -249,6 +249,14 @@ MUTANTS = [
     Mutant('finite_by_the_sum_alone', 'sources.py',
            'not torch.isfinite(t.sum()) and not torch.isfinite(t).all():', 'not torch.isfinite(t.sum()):',
            ('tests/test_sources.py',)),
+    # docs/results_recomputed.py: studies.md's tables from the per-seed files (Holm within the report's families)
+    Mutant('recomputed_holm_over_every_cell', 'docs/results_recomputed.py',
+           "keys = [k for k in tests if family(study, k[1], k[2]) == name and math.isfinite(tests[k][0].p)]",
+           "keys = [k for k in tests if math.isfinite(tests[k][0].p)]", ('tests/test_docs.py',)),
+    Mutant('recomputed_paired_with_one_seed', 'docs/results_recomputed.py',
+           "differences = [runs[(setting, a, k)]['val_loss'] - runs[(setting, b, k)]['val_loss'] for k in seeds]",
+           "differences = [runs[(setting, a, k)]['val_loss'] - runs[(setting, b, seeds[0])]['val_loss'] for k in seeds]",
+           ('tests/test_docs.py',)),
 ]
 
 
