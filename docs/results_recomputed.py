@@ -135,12 +135,11 @@ def per_seed_sections():
         for setting in dict.fromkeys(s for s, _, _ in runs):
             means = []
             for variant in dict.fromkeys(v for s, v, _ in runs if s == setting):
-                rows = [r for (s, v, _), r in runs.items() if (s, v) == (setting, variant)]
-                losses = [r['val_loss'] for r in rows]
+                losses = column(runs, setting, variant)
                 sd = f" ± {statistics.stdev(losses):.4f}" if len(losses) > 1 else ''
                 means.append(f"{variant} {statistics.fmean(losses):.4f}{sd} (γ̄ "
-                             f"{statistics.fmean(float(r['gamma_mean']) for r in rows):+.3f}, δ̄ "
-                             f"{statistics.fmean(float(r['delta_mean']) for r in rows):.3f})")
+                             f"{statistics.fmean(column(runs, setting, variant, 'gamma_mean')):+.3f}, δ̄ "
+                             f"{statistics.fmean(column(runs, setting, variant, 'delta_mean')):.3f})")
             out += ['', f"{setting}, final val loss (mean ± SD over seeds): " + '; '.join(means)]
         out.append('')
     return out
@@ -155,9 +154,14 @@ def signed(x, digits=4):
     return f"{x:+.{digits}f}".replace('-', '−')
 
 
+def p_text(p):
+    """'0.011' or '< 0.001', as the pages write a p in prose."""
+    return fmt_p(p).replace('<', '< ')
+
+
 def holm_words(test, p_holm, scope=''):
     """'Holm 0.025: **lower**', or 'Holm 0.079: inconclusive (p 0.040)' where only the unadjusted p passes."""
-    head = f"Holm {fmt_p(p_holm).replace('<', '< ')}{scope}"
+    head = f"Holm {p_text(p_holm)}{scope}"
     if p_holm < 0.05:
         return f"{head}: **{'lower' if test.mean < 0 else 'higher'}**"
     return f"{head}: inconclusive" + (f" (p {fmt_p(test.p)})" if test.p < 0.05 else '')
@@ -245,7 +249,7 @@ def replication_quotes(runs):
     tests = cell_tests('replication', runs, [('corridor', 'attention'), ('gamma_nonneg', 'corridor')])
     a, c = (tests[(setting, x, y)][0] for x, y in (('corridor', 'attention'), ('gamma_nonneg', 'corridor')))
     losses = {v: column(runs, setting, v) for v in ('attention', 'corridor')}
-    return [f"{ci(a)}, p {fmt_p(a.p).replace('<', '< ')}, MDE {a.mde:.4f}", f"{ci(c)}, p {fmt_p(c.p).replace('<', '< ')}",
+    return [f"{ci(a)}, p {p_text(a.p)}, MDE {a.mde:.4f}", f"{ci(c)}, p {p_text(c.p)}",
             ', '.join(f"{v} {statistics.fmean(x):.4f} ± {statistics.stdev(x):.4f}" for v, x in losses.items())]
 
 
@@ -327,12 +331,13 @@ def render():
             "The claims study's two base cells are two of these six; counted with every cell that tests claim (a), "
             "the p ≈ 0.011 cell is not significant. Those two (small) are exact, from the claims study's per-seed file; "
             "the other four are the stated summaries.", '', *HEADER]
+    scales = scales_cells()
     out += rows([(f"{size} ({params / 1e6:.2f}M, {tokens / params:.1f} tokens/param)", corpus, m, sd, n)
-                 for size, corpus, m, sd, n, params, tokens in scales_cells()], lambda c: 'scales')
+                 for size, corpus, m, sd, n, params, tokens in scales], lambda c: 'scales')
     out += ['', "Least squares of every seed pair's difference on log10(non-embedding parameters), per corpus "
             "(computed exactly from the stated summaries; size is confounded with tokens per parameter, 9.2 / 1.2 / 0.7):", '']
     for corpus in (TS, WT):
-        slope, low, high, n = fit_from_groups([(math.log10(p), m, sd, k) for _, c, m, sd, k, p, _ in scales_cells()
+        slope, low, high, n = fit_from_groups([(math.log10(p), m, sd, k) for _, c, m, sd, k, p, _ in scales
                                                if c == corpus])
         out.append(f"- {corpus}: {slope:+.4f} per tenfold parameters, 95 % CI [{low:+.4f}, {high:+.4f}] ({n} pairs)")
     out += ['', "## Ladder: corridor − attention at 4 tokens per non-embedding parameter, Tiny Shakespeare: one family "
