@@ -5,7 +5,8 @@ what `python -m lab.sweep --study=NAME` writes as per_seed.csv), recomputed exac
 docs/studies.md that come from them (TABLES; tests/test_docs.py finds them on the page); and, for the studies whose
 per-seed files are not regenerated yet, the summaries the README and docs/ state (mean and SD of the paired
 differences, seeds per cell): p-values from a 4-decimal SD are approximate where the SD is 0.0001–0.0006. Also the
-ladder's two slopes (pre-registered unweighted, precision-weighted) and the 135M study's first sitting.
+geometry study's walk file (each run's walk diagnostics per depth regime; its quotes in studies.md are rendered here
+too), the ladder's two slopes (pre-registered unweighted, precision-weighted) and the 135M study's first sitting.
 
     python docs/results_recomputed.py          # -> docs/results_recomputed.md
 """
@@ -41,14 +42,6 @@ LADDER_L = ('ladder-l', 1_177_590, [+0.0156, +0.0030, -0.0075])
 # SmolLM2-135M operator-only, first sitting (pretrained.md, 2 seeds): final validation losses by seed, and the frozen
 # model's (each run's iteration-0 loss); its three comparisons are one Holm family
 SITTING = {'corridor': (3.5145, 3.5700), 'δ only': (3.5511, 3.6036), 'frozen model': (3.6343, 3.6843)}
-# geometry cells the README states (variant, part, diagnostic, regime, corpus, mean, SD), 3 seeds; each family has
-# 24 cells (4 diagnostics × 3 regimes × 2 corpora) of which the README gives only these
-GEOMETRY = [('corridor', 'P', 'δ_orth', 'initial', WT, +0.131, 0.013), ('corridor', 'P', 'δ_orth', 'initial', TS, +0.136, 0.081),
-            ('corridor', 'operator', '‖A_eff‖_F', 'initial', TS, -0.41, 0.02),
-            ('corridor', 'operator', '‖A_eff‖_F', 'initial', WT, -0.74, 0.02),
-            ('fixed γ = −0.5', 'operator', 'δ_orth', 'middle', TS, +1.5, 0.5),
-            ('fixed γ = −0.5', 'operator', 'Gram dominance', 'middle', TS, -0.80, 0.31),
-            ('fixed γ = −0.5', 'operator', 'Gram dominance', 'final', TS, -0.75, 0.04)]
 
 
 def verdict_words(test, p_holm):
@@ -120,6 +113,8 @@ def per_seed_sections():
     out = []
     for path in sorted(glob.glob(os.path.join(PER_SEED, '*.csv'))):
         study = os.path.splitext(os.path.basename(path))[0]
+        if study.endswith('_walk'):  # a walk file (walk_section), not final losses
+            continue
         runs = read_per_seed(path)
         cells = per_seed_cells(study, runs)
         out += [f"## `{study}` from its per-seed file ({len(runs)} runs; [per_seed/{study}.csv](per_seed/{study}.csv))", '']
@@ -253,14 +248,113 @@ def replication_quotes(runs):
             ', '.join(f"{v} {statistics.fmean(x):.4f} ± {statistics.stdev(x):.4f}" for v, x in losses.items())]
 
 
-TABLES = {'claims': claims_table, 'fixed_gamma': fixed_gamma_table, 'replication': replication_quotes}
+# ------------------------------------------------------------------------------------------------ the walk file
+# the geometry study's per_seed_walk.csv: each run's walk diagnostic per depth regime at the final evaluation, for the
+# attention part P and the full operator (lab/study_figures.py's geometry_figures writes it)
+
+DIAGNOSTICS = {'drift': 'drift', 'delta_orth': 'δ_orth', 'a_eff_fro': '‖A_eff‖_F', 'gram_ratio': 'Gram dominance'}
+VARIANT_NAMES = {'corridor': 'corridor', 'fixed_gamma=-0.1': 'fixed γ = −0.1', 'fixed_gamma': 'fixed γ = −0.5'}
+
+
+def read_walk(path):
+    """{(setting, variant, seed, part, diagnostic, regime): value} of a walk file (values written with repr: exact)."""
+    with open(path, newline='') as f:
+        return {(r['setting'], r['variant'], int(r['seed']), r['part'], r['diagnostic'], r['regime']): float(r['value'])
+                for r in csv.DictReader(f)}
+
+
+def walk_tests(walk):
+    """{(setting, variant, part, diagnostic, regime): (PairedTest, Holm p, family size, attention's mean)}: each
+    variant's part minus attention, paired by seed, Holm within variant × part over every diagnostic, regime and
+    setting: the families the geometry report forms."""
+    cells = dict.fromkeys((st, v, part, d, r) for st, v, _, part, d, r in walk if v != 'attention')
+    tests = {}
+    for setting, variant, part, diagnostic, regime in cells:
+        base = {k: x for (st, v, k, _, d, r), x in walk.items() if (st, v, d, r) == (setting, 'attention', diagnostic, regime)}
+        seeds = sorted(k for k in base if (setting, variant, k, part, diagnostic, regime) in walk)
+        test = paired_test([walk[(setting, variant, k, part, diagnostic, regime)] - base[k] for k in seeds])
+        tests[(setting, variant, part, diagnostic, regime)] = (test, statistics.fmean(base.values()))
+    adjusted = {}
+    for variant, part in dict.fromkeys((v, part) for _, v, part, _, _ in tests):
+        keys = [k for k in tests if k[1:3] == (variant, part) and math.isfinite(tests[k][0].p)]
+        adjusted.update((k, (p, len(keys))) for k, p in zip(keys, holm([tests[k][0].p for k in keys])))
+    return {k: (t, *adjusted.get(k, (float('nan'), 0)), base) for k, (t, base) in tests.items()}
+
+
+def walk_cell_name(key):
+    setting, variant, part, diagnostic, regime = key
+    return (f"{VARIANT_NAMES.get(variant, variant)}: {part}, {DIAGNOSTICS.get(diagnostic, diagnostic)}, {regime} layers, "
+            f"{CORPORA.get(setting.split('/')[0], setting)}")
+
+
+def walk_section():
+    """results_recomputed.md's geometry section: every cell of the walk file with p < 0.05 before Holm."""
+    path = os.path.join(PER_SEED, 'geometry_walk.csv')
+    if not os.path.exists(path):
+        return []
+    tests = walk_tests(read_walk(path))
+    families = {k[1:3]: m for k, (_, _, m, _) in tests.items()}
+    out = [f"## `geometry`'s walk from its per-run file ({len(tests)} cells; "
+           "[per_seed/geometry_walk.csv](per_seed/geometry_walk.csv))", '',
+           "Each run's diagnostic at the final evaluation, per depth regime, minus attention's on the same seed. Holm "
+           "families: one per variant and part, over every diagnostic × regime × corpus ("
+           + ', '.join(f"{VARIANT_NAMES.get(v, v)}: {part}, m = {m}" for (v, part), m in families.items())
+           + "). The cells with p < 0.05 before Holm; every other cell's p is larger.", '',
+           "| cell | attention | difference, mean ± SD [95 % CI] | p | Holm p | verdict |", '|---|---|---|---|---|---|']
+    for key, (t, p_holm, m, base) in tests.items():
+        if t.p < 0.05:
+            out.append(f"| {walk_cell_name(key)} | {base:.3g} | {t.mean:+.3g} ± {t.sd:.2g} [{t.low:+.3g}, {t.high:+.3g}] | "
+                       f"{fmt_p(t.p)} | {fmt_p(p_holm)} | {verdict_words(t, p_holm)} |")
+    return out + ['', "The walk's correlations with γ (the report's per-run slopes on γ̄, one point per run) need each "
+                  "run's whole series: `python -m lab.sweep --study=geometry --report_only=True` on the runs.", '']
+
+
+def geometry_quotes(walk):
+    """What studies.md quotes of the walk: the attention part's one cell, the full operator's ‖A_eff‖_F and drift,
+    fixed γ = −0.5's transport isometry, and the list of every cell that passes Holm."""
+    tests = walk_tests(walk)
+    ts, wt = 'shakespeare_char/small', 'wikitext2_char/small'
+
+    def quote(setting, variant, part, diagnostic, regime, digits):
+        t, _, _, base = tests[(setting, variant, part, diagnostic, regime)]
+        return f"{signed(t.mean, digits)} ± {t.sd:.{digits}f} on {base:.2f}"  # on attention's value
+
+    def holm_of(*key):
+        return p_text(tests[key][1])
+
+    p_cell = tests[(wt, 'corridor', 'P', 'delta_orth', 'initial')]
+    drift = [tests[k] for k in tests if k[1:4] == ('corridor', 'operator', 'drift') and tests[k][0].p < 0.05]
+    passing = [f"{walk_cell_name(k)} {signed(t.mean, 3)} (Holm {p_text(p_holm)})" for k, (t, p_holm, _, _) in tests.items()
+               if p_holm < 0.05]
+    return [f"{quote(wt, 'corridor', 'P', 'delta_orth', 'initial', 3)}",
+            f"{quote(ts, 'corridor', 'P', 'delta_orth', 'initial', 3)}",
+            f"(p {p_text(p_cell[0].p)}, Holm {p_text(p_cell[1])})",
+            f"{quote(ts, 'corridor', 'operator', 'a_eff_fro', 'initial', 2)} and "
+            f"{quote(wt, 'corridor', 'operator', 'a_eff_fro', 'initial', 2)}, *lower* on both corpora, Holm "
+            f"{holm_of(ts, 'corridor', 'operator', 'a_eff_fro', 'initial')} and "
+            f"{holm_of(wt, 'corridor', 'operator', 'a_eff_fro', 'initial')}",
+            f"p {min(t.p for t, *_ in drift):.3f}–{max(t.p for t, *_ in drift):.3f} unadjusted, none significant after "
+            f"Holm over the 24 cells, {min(p for _, p, *_ in drift):.2f}–{max(p for _, p, *_ in drift):.2f}",
+            f"δ_orth {quote(ts, 'fixed_gamma', 'P', 'delta_orth', 'middle', 1)} (p "
+            f"{p_text(tests[(ts, 'fixed_gamma', 'P', 'delta_orth', 'middle')][0].p)}, Holm "
+            f"{holm_of(ts, 'fixed_gamma', 'P', 'delta_orth', 'middle')}) and Gram dominance "
+            f"{quote(ts, 'fixed_gamma', 'P', 'gram_ratio', 'middle', 2)} (p "
+            f"{p_text(tests[(ts, 'fixed_gamma', 'P', 'gram_ratio', 'middle')][0].p)}, Holm "
+            f"{holm_of(ts, 'fixed_gamma', 'P', 'gram_ratio', 'middle')}) in the middle layers; Gram dominance "
+            f"{quote(ts, 'fixed_gamma', 'P', 'gram_ratio', 'final', 2)} in the final layers (Holm "
+            f"{holm_of(ts, 'fixed_gamma', 'P', 'gram_ratio', 'final')})",
+            f"{len(passing)} of the {len(tests)} cells pass Holm: " + '; '.join(passing) + '.']
+
+
+TABLES = {'claims': claims_table, 'fixed_gamma': fixed_gamma_table, 'replication': replication_quotes,
+          'geometry_walk': geometry_quotes}
 
 
 def study_tables():
     """{study: [its tables and quoted cells as docs/studies.md prints them]} for every study with a per-seed file and
     a renderer here."""
-    return {study: table(read_per_seed(os.path.join(PER_SEED, f'{study}.csv'))) for study, table in TABLES.items()
-            if os.path.exists(os.path.join(PER_SEED, f'{study}.csv'))}
+    return {study: table((read_walk if study.endswith('_walk') else read_per_seed)(os.path.join(PER_SEED, f'{study}.csv')))
+            for study, table in TABLES.items() if os.path.exists(os.path.join(PER_SEED, f'{study}.csv'))}
 
 
 def scales_cells():
@@ -326,7 +420,7 @@ def render():
            "with 80 % power at 5 % two-sided given the stated SD and n (exact noncentral t). Verdict words follow "
            "the Holm p; *inconclusive* names X, the 95 % CI's bound farthest from zero: the data exclude a larger "
            "effect (unadjusted). The SDs are the README's rounded ones, so p-values built on SD 0.0001–0.0006 are "
-           "approximate.", '', *per_seed_sections(),
+           "approximate.", '', *per_seed_sections(), *walk_section(),
            "## Scales: corridor − attention: one family over the six cells (m = 6)", '',
             "The claims study's two base cells are two of these six; counted with every cell that tests claim (a), "
             "the p ≈ 0.011 cell is not significant. Those two (small) are exact, from the claims study's per-seed file; "
@@ -356,26 +450,7 @@ def render():
             f"the means scatter about the line more than their SEs allow: weighted χ² {chi2:.1f} on {k - 2} df). "
             "Confounded with run length: at equal tokens per parameter the larger rungs train longer (300 to 6,120 "
             "iterations), and γ moves further the longer a run trains.",
-            '', "## Geometry (3 seeds): families = variant × part over 4 diagnostics × 3 regimes × 2 corpora (m = 24)",
-            '', "The README states only these cells. Holm's p is at most 24·p (Bonferroni); for the one corridor P-cell "
-            "that passed unadjusted, the other 23 P-cells have p > 0.05 (the README: one passes), so it ranks first "
-            "and its Holm p is exactly 24·p. The README does not say which part its fixed γ = −0.5 cells are; taken "
-            "here as the full operator. These p's come from the rounded summaries; the geometry report on the "
-            "regenerated claims and fixed-γ runs (docs/studies.md) gives the exact ones: Holm 0.074 for the P-cell, "
-            "0.020 and 0.007 for the corridor's ‖A_eff‖_F cells.", '',
-            "| variant: part | diagnostic, regime | corpus | mean ± SD | 95 % CI | p | 24·p (≥ Holm p) | verdict |",
-            "|---|---|---|---|---|---|---|---|"]
-    for variant, part, diagnostic, regime, corpus, mean, sd in GEOMETRY:
-        t = summary_test(mean, sd, 3)
-        bound = min(1.0, 24 * t.p)
-        words = verdict_words(t, bound) if bound < 0.05 else 'not significant at 24·p; Holm needs the unstated cells'
-        if (variant, part) == ('corridor', 'P'):
-            words = verdict_words(t, bound)
-        out.append(f"| {variant}: {part} | {diagnostic}, {regime} | {corpus} | {mean:+.3g} ± {sd:.2g} | "
-                   f"[{t.low:+.3g}, {t.high:+.3g}] | {fmt_p(t.p)} | {fmt_p(bound)} | {words} |")
-    out += ['', "The correlations with γ (r = +0.97 / +0.99, −0.92 / −0.93) pooled evaluations and seeds with the "
-            "shared start; they cannot be recomputed from the README: `python -m lab.sweep --study=geometry "
-            "--report_only=True` on the runs gives per-run slopes and one point per run.", '',
+            '',
             "## SmolLM2-135M operator-only, the first sitting (2 seeds, pretrained.md): one family, its three "
             "comparisons (m = 3)", '',
             "From the per-seed final losses the page states (4 decimals); 1 df per test.", '', *HEADER]

@@ -4,6 +4,7 @@ and lab/sweep.py hands it to lab/reports.py's report, which writes the tables ev
 an entry in lab/studies.py's STUDIES and one here.
 """
 
+import csv
 import json
 import math
 import os
@@ -12,6 +13,7 @@ import statistics
 import numpy as np
 import torch
 
+from common import atomic_write
 from model import CLAIM_B, in_corridor
 
 from lab.connection import depth_regimes
@@ -552,7 +554,9 @@ def geometry_figures(results, out, tests, study):
              "every diagnostic × regime × setting. Does the difference track γ? Per learnable-corridor run, the "
              "least-squares slope of the full operator's difference (all layers) on the layer-mean γ over the "
              "evaluations after the first (the shared start at γ = 0 left out), tested across seeds; and one point "
-             "per run (final evaluation) for the correlation across the corridor and fixed-γ runs.", '']
+             "per run (final evaluation) for the correlation across the corridor and fixed-γ runs. Every run's "
+             "regime values: per_seed_walk.csv.", '']
+    walk_rows = []  # (setting, variant, seed, part, diagnostic, regime, value) of every cell's runs: per_seed_walk.csv
     for setting, (loaded, summary) in results.items():
         # pair by seed the finished runs that logged their walk (a study may be partway, a run may lack walk_interval)
         logged = {key for key, run in loaded.items() if walk_series(run['log'], 'attention', 'drift') is not None}
@@ -575,10 +579,13 @@ def geometry_figures(results, out, tests, study):
                 if any(b is None for b in base.values()):
                     continue
                 cells = [f"{statistics.fmean(base.values()):.4g}"]
+                walk_rows += [(setting, 'attention', s, 'P', key, regime, b) for s, b in base.items()]
                 for v in variants:
                     for part in ('attention', 'operator'):
-                        diffs = [final(v, s, part, key)[regime] - base[s] for s in seeds[v]]
+                        values = {s: final(v, s, part, key)[regime] for s in seeds[v]}
+                        diffs = [values[s] - base[s] for s in seeds[v]]
                         part_name = 'P' if part == 'attention' else 'operator'
+                        walk_rows += [(setting, v, s, part_name, key, regime, x) for s, x in values.items()]
                         cells.append(tests.add(f'geometry, {v}: {part_name}, every diagnostic × regime × setting',
                                                f'{setting}: {name}, {regime}, {v}: {part_name} − attention', diffs))
                 lines.append(f"| {name} | {regime} | " + ' | '.join(cells) + ' |')
@@ -624,7 +631,16 @@ def geometry_figures(results, out, tests, study):
         lines += ["Does the difference track γ?", '', *tracking, '',
                   f"![geometry during training, {setting}](geometry_{name}.png)", '',
                   f"![geometry against γ, {setting}](geometry_vs_gamma_{name}.png)", '']
+    with atomic_write(os.path.join(out, 'per_seed_walk.csv')) as f:
+        writer = csv.writer(f, lineterminator='\n')
+        writer.writerow(WALK_FIELDS)
+        writer.writerows((*row[:-1], repr(row[-1])) for row in walk_rows)  # repr: the exact float
     return lines
+
+
+# the geometry study's per-run walk file: one row per run, part (the attention part P, or the full operator), walk
+# diagnostic and depth regime, at the final evaluation; attention's runs have the part P only
+WALK_FIELDS = ('setting', 'variant', 'seed', 'part', 'diagnostic', 'regime', 'value')
 
 
 # which study's report calls which function (a study run on one GPU, NAME-gpu, calls its study's)

@@ -257,6 +257,13 @@ MUTANTS = [
            "differences = [runs[(setting, a, k)]['val_loss'] - runs[(setting, b, k)]['val_loss'] for k in seeds]",
            "differences = [runs[(setting, a, k)]['val_loss'] - runs[(setting, b, seeds[0])]['val_loss'] for k in seeds]",
            ('tests/test_docs.py',)),
+    # the geometry study's walk file: each part against attention's P on the same seed, Holm per variant and part
+    Mutant('walk_holm_over_both_parts', 'docs/results_recomputed.py',
+           "keys = [k for k in tests if k[1:3] == (variant, part) and math.isfinite(tests[k][0].p)]",
+           "keys = [k for k in tests if k[1] == variant and math.isfinite(tests[k][0].p)]", ('tests/test_docs.py',)),
+    Mutant('walk_row_not_written_for_attention', 'lab/study_figures.py',
+           "walk_rows += [(setting, 'attention', s, 'P', key, regime, b) for s, b in base.items()]", "pass",
+           ('tests/test_sweep.py::test_geometry_report_states_attentions_value_and_the_paired_differences',)),
 ]
 
 

@@ -175,6 +175,29 @@ def test_a_per_seed_file_is_recomputed_exactly_paired_by_seed_with_holm_over_the
     assert '## `toy` from its per-seed file (11 runs;' in page and '| a | corridor − attention | 3 | ' in page
 
 
+def test_a_walk_file_is_paired_by_seed_against_attentions_part_p_with_holm_per_variant_and_part(tmp_path):
+    """Two diagnostics, two parts of one variant: each part's value minus attention's (its part P), paired by seed
+    (seed 2 has no attention run: left out), Holm within the part's family over the diagnostics."""
+    module = recomputed_module()
+    attention = {('drift', 0): 1.0, ('drift', 1): 2.0, ('a_eff_fro', 0): 3.0, ('a_eff_fro', 1): 3.5}
+    rows = [('attention', k, 'P', d, x) for (d, k), x in attention.items()]
+    for part, shift in (('P', 0.0), ('operator', 0.5)):
+        rows += [('corridor', 0, part, 'drift', 1.1 + shift), ('corridor', 1, part, 'drift', 2.3 + shift),
+                 ('corridor', 2, part, 'drift', 9.0), ('corridor', 0, part, 'a_eff_fro', 2.0 + shift),
+                 ('corridor', 1, part, 'a_eff_fro', 2.4 + shift)]
+    (tmp_path / 'toy_walk.csv').write_text('setting,variant,seed,part,diagnostic,regime,value\n' + ''.join(
+        f'a/b,{v},{k},{part},{d},initial,{repr(x)}\n' for v, k, part, d, x in rows))
+    tests = module.walk_tests(module.read_walk(tmp_path / 'toy_walk.csv'))
+    assert set(tests) == {('a/b', 'corridor', part, d, 'initial') for part in ('P', 'operator') for d in ('drift', 'a_eff_fro')}
+    for part, shift in (('P', 0.0), ('operator', 0.5)):
+        drift, a_eff = (tests[('a/b', 'corridor', part, d, 'initial')] for d in ('drift', 'a_eff_fro'))
+        assert drift[0].n == 2 and drift[0].mean == pytest.approx(0.2 + shift) and drift[3] == pytest.approx(1.5)
+        assert a_eff[0].mean == pytest.approx(-1.05 + shift) and a_eff[3] == pytest.approx(3.25)
+        low, high = sorted((drift[0].p, a_eff[0].p))
+        assert (drift[2], a_eff[2]) == (2, 2)  # the family: this part's two cells, not all four
+        assert sorted((drift[1], a_eff[1])) == pytest.approx([2 * low, max(2 * low, high)])
+
+
 def test_every_studies_md_table_of_a_study_with_a_per_seed_file_is_what_that_file_gives():
     """docs/studies.md's tables of a study whose per-seed file is published are rendered from that file
     (docs/results_recomputed.py's TABLES) and must appear on the page verbatim, as must the CIs it quotes for the claims
@@ -182,7 +205,7 @@ def test_every_studies_md_table_of_a_study_with_a_per_seed_file_is_what_that_fil
     module = recomputed_module()
     tables = module.study_tables()
     page = (REPO / 'docs' / 'studies.md').read_text()
-    assert {'claims', 'fixed_gamma', 'replication'} <= set(tables)  # not vacuous: these three are checked
+    assert {'claims', 'fixed_gamma', 'replication', 'geometry_walk'} <= set(tables)  # not vacuous: these are checked
     for study, texts in tables.items():
         for text in texts:
             assert text in page, f"docs/studies.md lacks what the {study} per-seed file gives:\n{text}"
@@ -199,10 +222,13 @@ def test_a_claims_table_cell_says_holm_and_the_unadjusted_p_where_only_that_pass
 
 
 def test_runs_two_studies_share_have_one_set_of_numbers_in_their_per_seed_files():
-    """The fixed-γ study's attention, corridor and fixed γ = −0.5 runs are the claims study's (trained once): both
-    files must give them the same losses, γ and δ, or the two tables would quote two versions of one run."""
+    """The fixed-γ study's attention, corridor and fixed γ = −0.5 runs are the claims study's (trained once), and the
+    geometry study's are theirs: the files must give them the same losses, γ and δ, or two tables would quote two
+    versions of one run."""
     module = recomputed_module()
     claims, fixed = (module.read_per_seed(REPO / 'docs' / 'per_seed' / f'{s}.csv') for s in ('claims', 'fixed_gamma'))
     shared = claims.keys() & fixed.keys()
     assert len(shared) == 18  # 3 variants × 3 seeds × 2 corpora
     assert all(claims[k] == fixed[k] for k in shared)
+    geometry = module.read_per_seed(REPO / 'docs' / 'per_seed' / 'geometry.csv')  # its runs are those two studies'
+    assert len(geometry) == 24 and all(geometry[k] == {**claims, **fixed}[k] for k in geometry)

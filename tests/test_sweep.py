@@ -1,6 +1,7 @@
 """lab/sweep.py: variants and settings are valid runs, the paired statistics, an ad hoc sweep and a study end to end
 (shared runs, skipped when finished), every study's figures, the GPU presets on CPU, one-line errors."""
 
+import csv
 import json
 import math
 import statistics
@@ -625,6 +626,14 @@ def test_geometry_report_states_attentions_value_and_the_paired_differences(fake
     assert_cell(cells[3], [0.04, 0.05, 0.06], 'inconclusive, no effect larger than 0.075', family_size=12)
     assert_cell(cells[4], [-0.2, -0.1, -0.3], 'inconclusive, no effect larger than 0.45', family_size=12)
     assert any(line.startswith('| δ_orth | middle | 1.3 | ') for line in lines)  # layers 1–3
+    # per_seed_walk.csv: every run's regime values, exact, from which those differences come again
+    with open(tmp_path / 'per_seed_walk.csv', newline='') as f:
+        walk = {(r['variant'], int(r['seed']), r['part'], r['diagnostic'], r['regime']): float(r['value'])
+                for r in csv.DictReader(f) if r['setting'] == 'tiny/a'}
+    assert [walk[('attention', s, 'P', 'delta_orth', 'initial')] for s in range(3)] == [1.0, 1.1, 1.2]
+    assert [walk[('corridor', s, 'P', 'delta_orth', 'initial')] - walk[('attention', s, 'P', 'delta_orth', 'initial')]
+            for s in range(3)] == pytest.approx([0.04, 0.05, 0.06])
+    assert ('attention', 0, 'operator', 'delta_orth', 'initial') not in walk  # attention has one part
 
 
 def test_the_pretrained_plan_counts_the_models_own_parameters_and_no_weight_gradients_when_frozen(tmp_path):
