@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import atomic_write  # noqa: E402
 from lab.reports import family  # noqa: E402  (the studies' Holm families, as their reports form them)
 from lab.studies import parse_variant  # noqa: E402
-from lab.stats import fmt_p, holm, paired_test, summary_test, t_quantile, weighted_line_fit  # noqa: E402
+from lab.stats import fmt_p, holm, paired_test, summary_test, t_quantile, verdict, weighted_line_fit  # noqa: E402
 
 PER_SEED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'per_seed')
 
@@ -248,6 +248,35 @@ def replication_quotes(runs):
             ', '.join(f"{v} {statistics.fmean(x):.4f} ± {statistics.stdev(x):.4f}" for v, x in losses.items())]
 
 
+def fixed_gamma_powered_table(runs):
+    """The powered (d) study's table (its two primary tests, Holm over the two, and the corridor's secondary test
+    alone), the CIs the verdicts table quotes, and the final losses."""
+    setting = 'wikitext2_char/small'
+    roles = {'fixed_gamma=-0.1': ('fixed γ = −0.1 − attention', 'primary (Holm over 2)'),
+             'fixed_gamma=-0.2': ('fixed γ = −0.2 − attention', 'primary (Holm over 2)'),
+             'corridor': ('learnable corridor − attention', 'secondary (alone)')}
+    tests = cell_tests('fixed_gamma_powered', runs, [(v, 'attention') for v in roles])
+    out = ["| test | role | seeds | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict |",
+           '|---|---|---|---|---|---|---|---|---|']
+    for variant, (label, role) in roles.items():
+        t, p_holm, _, below = tests[(setting, variant, 'attention')]
+        words = verdict(t, p_holm)
+        out.append(f"| {label} | {role} | {t.n} | {signed(t.mean, 5)} [{signed(t.low, 5)}, {signed(t.high, 5)}] | "
+                   f"{p_text(t.p)} | {p_text(p_holm)} | {t.mde:.2g} | {below} of {t.n} | "
+                   + (f"**{words}**" if words in ('lower', 'higher') else words) + ' |')
+    corridor, p_corridor = tests[(setting, 'corridor', 'attention')][:2]
+    losses = {v: column(runs, setting, v) for v in ('attention', *roles)}
+    names = {'attention': 'attention', 'fixed_gamma=-0.1': 'fixed γ = −0.1', 'fixed_gamma=-0.2': 'fixed γ = −0.2',
+             'corridor': 'corridor'}
+    return ['\n'.join(out),
+            *(f"γ = {signed(parse_variant(v)[1]['gamma_init'], 1)}: {ci(tests[(setting, v, 'attention')][0])}"
+              for v in ('fixed_gamma=-0.1', 'fixed_gamma=-0.2')),
+            f"{ci(corridor)}, p {p_text(corridor.p)}, Holm {p_text(p_corridor)}",
+            f"Final validation losses (mean ± SD over the {len(losses['attention'])} seeds): "
+            + ', '.join(f"{names[v]} {statistics.fmean(x):.4f} ± {statistics.stdev(x):.4f}" for v, x in losses.items())
+            + f" (its heads end at γ̄ {gamma_delta(runs, setting, 'corridor').replace(', ', ', δ̄ ')}"]
+
+
 # ------------------------------------------------------------------------------------------------ the walk file
 # the geometry study's per_seed_walk.csv: each run's walk diagnostic per depth regime at the final evaluation, for the
 # attention part P and the full operator (lab/study_figures.py's geometry_figures writes it)
@@ -347,7 +376,7 @@ def geometry_quotes(walk):
 
 
 TABLES = {'claims': claims_table, 'fixed_gamma': fixed_gamma_table, 'replication': replication_quotes,
-          'geometry_walk': geometry_quotes}
+          'fixed_gamma_powered': fixed_gamma_powered_table, 'geometry_walk': geometry_quotes}
 
 
 def study_tables():
