@@ -21,7 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import atomic_write  # noqa: E402
 from lab.reports import family  # noqa: E402  (the studies' Holm families, as their reports form them)
-from lab.studies import parse_variant  # noqa: E402
+from lab.studies import STUDIES, parse_variant  # noqa: E402
 from lab.stats import fmt_p, holm, paired_test, summary_test, t_quantile, verdict, weighted_line_fit  # noqa: E402
 
 PER_SEED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'per_seed')
@@ -118,6 +118,10 @@ def per_seed_sections():
         runs = read_per_seed(path)
         cells = per_seed_cells(study, runs)
         out += [f"## `{study}` from its per-seed file ({len(runs)} runs; [per_seed/{study}.csv](per_seed/{study}.csv))", '']
+        planned = sum(len(p.variants) * p.seeds for p in STUDIES[study].parts) if study in STUDIES else len(runs)
+        if len(runs) < planned:
+            out += [f"**Interim: {len(runs)} of its {planned} planned runs.** The cells below are a look at the runs "
+                    "so far, not the study's pre-registered tests, which are read once every run is in.", '']
         if cells:
             out += ["| setting | comparison | seeds | mean [95 % CI] | p | Holm p (family size) | MDE, 80 % | seeds below "
                     "0 | verdict |", "|---|---|---|---|---|---|---|---|---|"]
@@ -277,6 +281,20 @@ def fixed_gamma_powered_table(runs):
             + f" (its heads end at γ̄ {gamma_delta(runs, setting, 'corridor').replace(', ', ', δ̄ ')}"]
 
 
+def corridor_settled_pilot_table(runs):
+    """The pilot's table: per corpus and operator learning-rate multiplier, the final loss, γ̄, δ̄ and how far γ̄
+    still moved over the last quarter (the rule that picked the main study's multiplier reads the last)."""
+    out = ["| corpus | operator_lr_mult | final val loss | final γ̄ | final δ̄ | γ̄ over the last quarter |",
+           '|---|---|---|---|---|---|']
+    for corpus in ('wikitext2_char', 'shakespeare_char'):
+        cells = sorted((parse_variant(v)[1].get('operator_lr_mult', 1.0), r) for (s, v, _), r in runs.items()
+                       if s == f'{corpus}/small-x4')
+        out += [f"| {CORPORA[corpus]} | {mult:g} | {r['val_loss']:.4f} | "
+                f"{signed(float(r['gamma_mean']), 3)} | {float(r['delta_mean']):.3f} | "
+                f"{signed(float(r['gamma_change_last_quarter']), 3)} |" for mult, r in cells]
+    return ['\n'.join(out)]
+
+
 # ------------------------------------------------------------------------------------------------ the walk file
 # the geometry study's per_seed_walk.csv: each run's walk diagnostic per depth regime at the final evaluation, for the
 # attention part P and the full operator (lab/study_figures.py's geometry_figures writes it)
@@ -376,7 +394,8 @@ def geometry_quotes(walk):
 
 
 TABLES = {'claims': claims_table, 'fixed_gamma': fixed_gamma_table, 'replication': replication_quotes,
-          'fixed_gamma_powered': fixed_gamma_powered_table, 'geometry_walk': geometry_quotes}
+          'fixed_gamma_powered': fixed_gamma_powered_table, 'corridor_settled_pilot': corridor_settled_pilot_table,
+          'geometry_walk': geometry_quotes}
 
 
 def study_tables():

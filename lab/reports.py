@@ -159,12 +159,21 @@ STATISTICS = ("Final validation loss (nats per token). Every difference is paire
               "together; the geometry: one per variant and part over every diagnostic, regime and setting).")
 
 
-PER_SEED_FIELDS = ('setting', 'variant', 'seed', 'iter', 'tokens', 'val_loss', 'gamma_mean', 'delta_mean', 'seconds')
+PER_SEED_FIELDS = ('setting', 'variant', 'seed', 'iter', 'tokens', 'val_loss', 'gamma_mean', 'delta_mean', 'seconds',
+                   'gamma_change_last_quarter')
+
+
+def last_quarter_change(series):
+    """How far the mean γ over every head still moved at the end of a run: its value at the last evaluation minus
+    at the evaluation three quarters of the way. series: the run's (iter, γ, δ) per evaluation."""
+    means = [gamma.mean().item() for _, gamma, _ in series]
+    return means[-1] - means[int(0.75 * (len(means) - 1))]
 
 
 def per_seed_rows(results):
-    """One row per finished run: its final validation loss (repr: the exact float) and final mean γ, δ over every
-    head. The file a reader checks any cell against without the run folders (docs/per_seed/)."""
+    """One row per finished run: its final validation loss (repr: the exact float), final mean γ, δ over every head,
+    and how far that mean γ moved over the last quarter of the run. The file a reader checks any cell against
+    without the run folders (docs/per_seed/)."""
     rows = []
     for setting, (loaded, _) in results.items():
         for (variant, seed), run in sorted(loaded.items(), key=lambda item: (item[0][1], item[0][0])):
@@ -172,7 +181,9 @@ def per_seed_rows(results):
                              tokens=run['log'][-1]['tokens'], val_loss=repr(run['log'][-1]['val_loss']),
                              gamma_mean=f"{run['gamma'].mean().item():.6f}",
                              delta_mean=f"{run['delta'].mean().item():.6f}",
-                             seconds=f"{run['seconds']:.1f}" if run.get('seconds') else ''))
+                             seconds=f"{run['seconds']:.1f}" if run.get('seconds') else '',
+                             gamma_change_last_quarter=f"{last_quarter_change(run['series']):+.6f}"
+                             if len(run['series']) > 1 else ''))
     return rows
 
 

@@ -18,7 +18,7 @@ from model import CLAIM_B, in_corridor
 
 from lab.connection import depth_regimes
 from lab.figures import WALK_PANELS, plot_walk_evolution, plt, save, walk_series
-from lab.reports import family, paired_differences
+from lab.reports import family, last_quarter_change, paired_differences
 from lab.stats import ci_half_width, fmt_p, line_fit, paired_test, summary_test, weighted_line_fit
 from lab.studies import (FIXED_GAMMAS, SETTLED, FROZEN_SEED, PRETRAINED_FIXED_GAMMA, STUDIES, frozen_gamma_path, millions,
                          parse_variant)
@@ -202,8 +202,7 @@ def gamma_settling(results, out, image):
                 ax.plot(tokens[:len(g)], g.mean((1, 2)).tolist(), color=f'C{i}', lw=1.5 if len(gammas) == 1 else 0.6,
                         alpha=0.9 if len(gammas) == 1 else 0.4, label=variant if k == 0 else None)
                 lowest = min(lowest, g.mean((1, 2)).min().item())
-            quarter = [g.mean((1, 2)) for g in gammas]
-            change = statistics.fmean((q[-1] - q[int(0.75 * (len(q) - 1))]).item() for q in quarter)
+            change = statistics.fmean(last_quarter_change(r['series']) for r in runs)
             lines.append(f"| {setting} | {variant} | {len(runs)} | {entry['gamma_mean']:+.3f} | {entry['delta_mean']:.3f} "
                          f"| {change:+.3f} | {statistics.fmean(last_quarter_range(g) for g in gammas):.3f} |")
         ax.axhline(0, color='black', lw=0.8)

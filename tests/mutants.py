@@ -264,6 +264,9 @@ MUTANTS = [
     Mutant('walk_row_not_written_for_attention', 'lab/study_figures.py',
            "walk_rows += [(setting, 'attention', s, 'P', key, regime, b) for s, b in base.items()]", "pass",
            ('tests/test_sweep.py::test_geometry_report_states_attentions_value_and_the_paired_differences',)),
+    Mutant('gamma_change_over_the_last_half', 'lab/reports.py',
+           "return means[-1] - means[int(0.75 * (len(means) - 1))]", "return means[-1] - means[int(0.5 * (len(means) - 1))]",
+           ('tests/test_sweep.py::test_gammas_last_quarter_change_is_the_last_mean_minus_the_one_three_quarters_of_the_way',)),
 ]
 
 

@@ -330,12 +330,21 @@ def test_the_settled_corridor_study_reports_its_named_tests_and_publishes_every_
     rows = (out / 'per_seed.csv').read_text().splitlines()
     assert rows[0] == ','.join(reports.PER_SEED_FIELDS) and len(rows) == 1 + 2 * 4 * 2
     for row in rows[1:]:
-        setting, variant, seed, _, _, val_loss, gamma, delta, _ = row.split(',')
-        log = (tmp_path / setting / f'{variant}-s{seed}' / 'log.jsonl').read_text().splitlines()
-        final = json.loads(log[-1])
+        setting, variant, seed, _, _, val_loss, gamma, delta, _, change = row.split(',')
+        log = [json.loads(line) for line in (tmp_path / setting / f'{variant}-s{seed}' / 'log.jsonl').read_text().splitlines()]
+        final = log[-1]
         assert float(val_loss) == final['val_loss']  # exact
         assert float(gamma) == pytest.approx(statistics.fmean(g for layer in final['gamma'] for g in layer), abs=1e-6)
         assert float(delta) == pytest.approx(statistics.fmean(d for layer in final['delta'] for d in layer), abs=1e-6)
+        # the mean γ's move over the last quarter: last evaluation minus the one three quarters of the way
+        means = [statistics.fmean(g for layer in e['gamma'] for g in layer) for e in log if 'gamma' in e]
+        assert len(means) > 2 and float(change) == pytest.approx(means[-1] - means[int(0.75 * (len(means) - 1))], abs=1e-6)
+
+
+def test_gammas_last_quarter_change_is_the_last_mean_minus_the_one_three_quarters_of_the_way():
+    """Nine evaluations whose mean γ is −0.1·k: the last quarter starts at evaluation 6, so the change is −0.2."""
+    series = [(100 * k, torch.full((2, 3), -0.1 * k), torch.ones(2, 3)) for k in range(9)]
+    assert reports.last_quarter_change(series) == pytest.approx(-0.2)
 
 
 def test_a_gpu_preset_starts_and_logs_on_cpu_with_tiny_overrides(tiny_data_root, tmp_path):
