@@ -118,7 +118,7 @@ def per_seed_sections():
         runs = read_per_seed(path)
         cells = per_seed_cells(study, runs)
         out += [f"## `{study}` from its per-seed file ({len(runs)} runs; [per_seed/{study}.csv](per_seed/{study}.csv))", '']
-        planned = sum(len(p.variants) * p.seeds for p in STUDIES[study].parts) if study in STUDIES else len(runs)
+        planned = planned_runs(study, runs)
         if len(runs) < planned:
             out += [f"**Interim: {len(runs)} of its {planned} planned runs.** The cells below are a look at the runs "
                     "so far, not the study's pre-registered tests, which are read once every run is in.", '']
@@ -281,6 +281,30 @@ def fixed_gamma_powered_table(runs):
             + f" (its heads end at γ̄ {gamma_delta(runs, setting, 'corridor').replace(', ', ', δ̄ ')}"]
 
 
+def corridor_settled_table(runs):
+    """The main study's pre-registered tests (primary: the learnable corridor − attention on each corpus; secondary:
+    the corridor at the pilot's multiplier and fixed γ = −0.1, each Holm over the two corpora), where γ ends, and the
+    one sentence the README's (a) bullet quotes."""
+    rows = (('corridor', 'learnable corridor − attention', 'primary (Holm over 2)'),
+            ('corridor_lr=3.0', 'corridor, operator_lr_mult 3 − attention', 'secondary (Holm over 2)'),
+            ('fixed_gamma=-0.1', 'fixed γ = −0.1, δ = 1 − attention', 'secondary (Holm over 2)'))
+    tests = cell_tests('corridor_settled', runs, [(v, 'attention') for v, _, _ in rows])
+    out = ["| corpus | test | role | seeds | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict | final γ̄, δ̄ "
+           "| γ̄ change, last quarter |", '|---|---|---|---|---|---|---|---|---|---|---|---|']
+    for corpus, name in CORPORA.items():
+        setting = f'{corpus}/small-x4'
+        for variant, label, role in rows:
+            t, p_holm, _, below = tests[(setting, variant, 'attention')]
+            words = verdict(t, p_holm)
+            change = statistics.fmean(column(runs, setting, variant, 'gamma_change_last_quarter'))
+            out.append(f"| {name} | {label} | {role} | {t.n} | {signed(t.mean, 5)} [{signed(t.low, 5)}, "
+                       f"{signed(t.high, 5)}] | {p_text(t.p)} | {p_text(p_holm)} | {t.mde:.2g} | {below} of {t.n} | "
+                       + (f"**{words}**" if words in ('lower', 'higher') else words)
+                       + f" | {gamma_delta(runs, setting, variant)} | {signed(change, 3)} |")
+    primary = [(name, *tests[(f'{corpus}/small-x4', 'corridor', 'attention')][:2]) for corpus, name in CORPORA.items()]
+    return ['\n'.join(out), '; '.join(f"{name} {ci(t)}, Holm {p_text(p_holm)}" for name, t, p_holm in primary)]
+
+
 def corridor_settled_pilot_table(runs):
     """The pilot's table: per corpus and operator learning-rate multiplier, the final loss, γ̄, δ̄ and how far γ̄
     still moved over the last quarter (the rule that picked the main study's multiplier reads the last)."""
@@ -395,14 +419,25 @@ def geometry_quotes(walk):
 
 TABLES = {'claims': claims_table, 'fixed_gamma': fixed_gamma_table, 'replication': replication_quotes,
           'fixed_gamma_powered': fixed_gamma_powered_table, 'corridor_settled_pilot': corridor_settled_pilot_table,
-          'geometry_walk': geometry_quotes}
+          'corridor_settled': corridor_settled_table, 'geometry_walk': geometry_quotes}
+
+
+def planned_runs(study, runs):
+    """How many runs a study plans (lab.studies.STUDIES); a file of another name (a walk file): its own."""
+    return sum(len(p.variants) * p.seeds for p in STUDIES[study].parts) if study in STUDIES else len(runs)
 
 
 def study_tables():
-    """{study: [its tables and quoted cells as docs/studies.md prints them]} for every study with a per-seed file and
-    a renderer here."""
-    return {study: table((read_walk if study.endswith('_walk') else read_per_seed)(os.path.join(PER_SEED, f'{study}.csv')))
-            for study, table in TABLES.items() if os.path.exists(os.path.join(PER_SEED, f'{study}.csv'))}
+    """{study: [its tables and quoted cells as docs/studies.md prints them]} for every study with a per-seed file, a
+    renderer here and every planned run in the file."""
+    tables = {}
+    for study, table in TABLES.items():
+        path = os.path.join(PER_SEED, f'{study}.csv')
+        if os.path.exists(path):
+            runs = (read_walk if study.endswith('_walk') else read_per_seed)(path)
+            if len(runs) >= planned_runs(study, runs):  # a study still running is not on the page yet
+                tables[study] = table(runs)
+    return tables
 
 
 def scales_cells():

@@ -267,6 +267,9 @@ MUTANTS = [
     Mutant('gamma_change_over_the_last_half', 'lab/reports.py',
            "return means[-1] - means[int(0.75 * (len(means) - 1))]", "return means[-1] - means[int(0.5 * (len(means) - 1))]",
            ('tests/test_sweep.py::test_gammas_last_quarter_change_is_the_last_mean_minus_the_one_three_quarters_of_the_way',)),
+    Mutant('interim_study_on_the_page', 'docs/results_recomputed.py',
+           "if len(runs) >= planned_runs(study, runs):", "if runs:",
+           ('tests/test_docs.py::test_the_settled_corridor_table_is_its_per_seed_cells_and_stays_off_the_page_until_every_run_is_in',)),
 ]
 
 

@@ -211,6 +211,30 @@ def test_every_studies_md_table_of_a_study_with_a_per_seed_file_is_what_that_fil
             assert text in page, f"docs/studies.md lacks what the {study} per-seed file gives:\n{text}"
 
 
+def test_the_settled_corridor_table_is_its_per_seed_cells_and_stays_off_the_page_until_every_run_is_in(tmp_path,
+                                                                                                        monkeypatch):
+    """The main study's rendered table gives per_seed_cells' numbers (paired by seed, Holm over the two corpora) for
+    the seeds in the file; study_tables leaves it out while the file lacks planned runs (an interim look is not the
+    pre-registered test), and includes it once every planned run is there."""
+    module = recomputed_module()
+    published = (REPO / 'docs' / 'per_seed' / 'corridor_settled.csv').read_text().splitlines()
+    first_three = [published[0]] + [row for row in published[1:] if int(row.split(',')[2]) < 303]
+    (tmp_path / 'corridor_settled.csv').write_text('\n'.join(first_three) + '\n')
+    runs = module.read_per_seed(tmp_path / 'corridor_settled.csv')
+    assert len(runs) == 24  # seeds 300–302, 4 variants, 2 corpora
+    table = module.corridor_settled_table(runs)[0]
+    for setting, a, b, t, p_holm, m, below in module.per_seed_cells('corridor_settled', runs):
+        assert m == 2 and b == 'attention'
+        corpus = module.CORPORA[setting.split('/')[0]]
+        row = next(line for line in table.splitlines() if line.startswith(f'| {corpus} | ')
+                   and f'| {t.n} | {module.signed(t.mean, 5)} [' in line)
+        assert f' | {module.p_text(p_holm)} | ' in row and f' | {below} of {t.n} | ' in row
+    monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
+    assert 'corridor_settled' not in module.study_tables()
+    monkeypatch.setattr(module, 'planned_runs', lambda study, runs: len(runs))
+    assert module.study_tables()['corridor_settled'][0] == table
+
+
 def test_a_claims_table_cell_says_holm_and_the_unadjusted_p_where_only_that_passes():
     module = recomputed_module()
     lower, weak = module.summary_test(-0.0031, 0.0006, 3), module.summary_test(-0.0031, 0.0011, 3)
