@@ -93,11 +93,18 @@ def cell_tests(study, runs, pairs):
             differences = [runs[(setting, a, k)]['val_loss'] - runs[(setting, b, k)]['val_loss'] for k in seeds]
             if differences:
                 tests[(setting, a, b)] = (paired_test(differences), sum(d < 0 for d in differences))
+    adjusted = holm_within({k: t for k, (t, _) in tests.items()}, lambda k: family(study, k[1], k[2]))
+    return {k: (t, *adjusted[k], below) for k, (t, below) in tests.items()}
+
+
+def holm_within(tests, family_of):
+    """{key: (Holm p, family size)} for {key: PairedTest}, adjusted within each family_of(key); a test without a p
+    (one seed) gets NaN and is not counted."""
     adjusted = {}
-    for name in dict.fromkeys(family(study, a, b) for _, a, b in tests):
-        keys = [k for k in tests if family(study, k[1], k[2]) == name and math.isfinite(tests[k][0].p)]
-        adjusted.update((k, (p, len(keys))) for k, p in zip(keys, holm([tests[k][0].p for k in keys])))
-    return {k: (t, *adjusted.get(k, (float('nan'), 0)), below) for k, (t, below) in tests.items()}
+    for name in dict.fromkeys(map(family_of, tests)):
+        keys = [k for k in tests if family_of(k) == name and math.isfinite(tests[k].p)]
+        adjusted.update((k, (p, len(keys))) for k, p in zip(keys, holm([tests[k].p for k in keys])))
+    return {k: adjusted.get(k, (float('nan'), 0)) for k in tests}
 
 
 def per_seed_cells(study, runs):
@@ -115,12 +122,12 @@ def per_seed_sections():
         study = os.path.splitext(os.path.basename(path))[0]
         if study.endswith('_walk'):  # a walk file (walk_section), not final losses
             continue
-        runs = read_per_seed(path)
+        runs = read_file(study)
         cells = per_seed_cells(study, runs)
         out += [f"## `{study}` from its per-seed file ({len(runs)} runs; [per_seed/{study}.csv](per_seed/{study}.csv))", '']
-        planned = planned_runs(study, runs)
-        if len(runs) < planned:
-            out += [f"**Interim: {len(runs)} of its {planned} planned runs.** The cells below are a look at the runs "
+        have, planned = planned_runs(study, runs)
+        if have < planned:
+            out += [f"**Interim: {have} of its {planned} planned runs.** The cells below are a look at the runs "
                     "so far, not the study's pre-registered tests, which are read once every run is in.", '']
         if cells:
             out += ["| setting | comparison | seeds | mean [95 % CI] | p | Holm p (family size) | MDE, 80 % | seeds below "
@@ -176,6 +183,10 @@ CLAIM_ROWS = {'attention': 'attention', 'corridor': 'corridor: learnable δ(γI 
               'alpha': 'α0·I + α1·P', 'alpha_beta': 'αP + β(I − P)', 'gamma_nonneg': 'corridor with γ ≥ 0',
               'fixed_gamma': 'fixed γ = −0.5, δ = 1', 'laplacian': 'Laplacian heads (the last of 4 is I − P)',
               'corridor_spread': 'corridor from γ0 ~ U(−0.5, 0.5)'}
+
+
+VARIANT_NAMES = {'attention': 'attention', 'corridor': 'corridor', 'fixed_gamma=-0.1': 'fixed γ = −0.1',
+                 'fixed_gamma=-0.2': 'fixed γ = −0.2', 'fixed_gamma': 'fixed γ = −0.5'}  # the pages' names
 
 
 def gamma_delta(runs, setting, variant):
@@ -270,21 +281,21 @@ def fixed_gamma_powered_table(runs):
                    + (f"**{words}**" if words in ('lower', 'higher') else words) + ' |')
     corridor, p_corridor = tests[(setting, 'corridor', 'attention')][:2]
     losses = {v: column(runs, setting, v) for v in ('attention', *roles)}
-    names = {'attention': 'attention', 'fixed_gamma=-0.1': 'fixed γ = −0.1', 'fixed_gamma=-0.2': 'fixed γ = −0.2',
-             'corridor': 'corridor'}
+    gamma, delta = (statistics.fmean(column(runs, setting, 'corridor', k)) for k in ('gamma_mean', 'delta_mean'))
     return ['\n'.join(out),
             *(f"γ = {signed(parse_variant(v)[1]['gamma_init'], 1)}: {ci(tests[(setting, v, 'attention')][0])}"
               for v in ('fixed_gamma=-0.1', 'fixed_gamma=-0.2')),
             f"{ci(corridor)}, p {p_text(corridor.p)}, Holm {p_text(p_corridor)}",
             f"Final validation losses (mean ± SD over the {len(losses['attention'])} seeds): "
-            + ', '.join(f"{names[v]} {statistics.fmean(x):.4f} ± {statistics.stdev(x):.4f}" for v, x in losses.items())
-            + f" (its heads end at γ̄ {gamma_delta(runs, setting, 'corridor').replace(', ', ', δ̄ ')}"]
+            + ', '.join(f"{VARIANT_NAMES[v]} {statistics.fmean(x):.4f} ± {statistics.stdev(x):.4f}"
+                        for v, x in losses.items())
+            + f" (the corridor's heads end at γ̄ {signed(gamma, 3)}, δ̄ {delta:.3f}"]  # the page goes on
 
 
 def corridor_settled_table(runs):
     """The main study's pre-registered tests (primary: the learnable corridor − attention on each corpus; secondary:
     the corridor at the pilot's multiplier and fixed γ = −0.1, each Holm over the two corpora), where γ ends, and the
-    one sentence the README's (a) bullet quotes."""
+    primary tests' CIs and Holm p's as the page quotes them (and the README's (a) bullet after it)."""
     rows = (('corridor', 'learnable corridor − attention', 'primary (Holm over 2)'),
             ('corridor_lr=3.0', 'corridor, operator_lr_mult 3 − attention', 'secondary (Holm over 2)'),
             ('fixed_gamma=-0.1', 'fixed γ = −0.1, δ = 1 − attention', 'secondary (Holm over 2)'))
@@ -324,7 +335,6 @@ def corridor_settled_pilot_table(runs):
 # attention part P and the full operator (lab/study_figures.py's geometry_figures writes it)
 
 DIAGNOSTICS = {'drift': 'drift', 'delta_orth': 'δ_orth', 'a_eff_fro': '‖A_eff‖_F', 'gram_ratio': 'Gram dominance'}
-VARIANT_NAMES = {'corridor': 'corridor', 'fixed_gamma=-0.1': 'fixed γ = −0.1', 'fixed_gamma': 'fixed γ = −0.5'}
 
 
 def read_walk(path):
@@ -341,15 +351,13 @@ def walk_tests(walk):
     cells = dict.fromkeys((st, v, part, d, r) for st, v, _, part, d, r in walk if v != 'attention')
     tests = {}
     for setting, variant, part, diagnostic, regime in cells:
-        base = {k: x for (st, v, k, _, d, r), x in walk.items() if (st, v, d, r) == (setting, 'attention', diagnostic, regime)}
+        base = {k: x for (st, v, k, _, d, r), x in walk.items()
+                if (st, v, d, r) == (setting, 'attention', diagnostic, regime)}  # attention's part P, by seed
         seeds = sorted(k for k in base if (setting, variant, k, part, diagnostic, regime) in walk)
         test = paired_test([walk[(setting, variant, k, part, diagnostic, regime)] - base[k] for k in seeds])
         tests[(setting, variant, part, diagnostic, regime)] = (test, statistics.fmean(base.values()))
-    adjusted = {}
-    for variant, part in dict.fromkeys((v, part) for _, v, part, _, _ in tests):
-        keys = [k for k in tests if k[1:3] == (variant, part) and math.isfinite(tests[k][0].p)]
-        adjusted.update((k, (p, len(keys))) for k, p in zip(keys, holm([tests[k][0].p for k in keys])))
-    return {k: (t, *adjusted.get(k, (float('nan'), 0)), base) for k, (t, base) in tests.items()}
+    adjusted = holm_within({k: t for k, (t, _) in tests.items()}, lambda k: k[1:3])  # variant × part
+    return {k: (t, *adjusted[k], base) for k, (t, base) in tests.items()}
 
 
 def walk_cell_name(key):
@@ -364,12 +372,12 @@ def walk_section():
     if not os.path.exists(path):
         return []
     tests = walk_tests(read_walk(path))
-    families = {k[1:3]: m for k, (_, _, m, _) in tests.items()}
+    families = {k[1:3]: max(m for j, (_, _, m, _) in tests.items() if j[1:3] == k[1:3]) for k in tests}
     out = [f"## `geometry`'s walk from its per-run file ({len(tests)} cells; "
            "[per_seed/geometry_walk.csv](per_seed/geometry_walk.csv))", '',
            "Each run's diagnostic at the final evaluation, per depth regime, minus attention's on the same seed. Holm "
            "families: one per variant and part, over every diagnostic × regime × corpus ("
-           + ', '.join(f"{VARIANT_NAMES.get(v, v)}: {part}, m = {m}" for (v, part), m in families.items())
+           + '; '.join(f"{VARIANT_NAMES.get(v, v)}: {part}, m = {m}" for (v, part), m in families.items())
            + "). The cells with p < 0.05 before Holm; every other cell's p is larger.", '',
            "| cell | attention | difference, mean ± SD [95 % CI] | p | Holm p | verdict |", '|---|---|---|---|---|---|']
     for key, (t, p_holm, m, base) in tests.items():
@@ -381,39 +389,44 @@ def walk_section():
 
 
 def geometry_quotes(walk):
-    """What studies.md quotes of the walk: the attention part's one cell, the full operator's ‖A_eff‖_F and drift,
-    fixed γ = −0.5's transport isometry, and the list of every cell that passes Holm."""
+    """What studies.md quotes of the walk, each cell with its Holm p and the word it earns: the attention part's one
+    cell, the full operator's ‖A_eff‖_F and drift, fixed γ = −0.1's and −0.5's cells, and every cell passing Holm."""
     tests = walk_tests(walk)
     ts, wt = 'shakespeare_char/small', 'wikitext2_char/small'
 
-    def quote(setting, variant, part, diagnostic, regime, digits):
-        t, _, _, base = tests[(setting, variant, part, diagnostic, regime)]
-        return f"{signed(t.mean, digits)} ± {t.sd:.{digits}f} on {base:.2f}"  # on attention's value
+    def quote(key, digits):
+        t, _, _, base = tests[key]
+        return f"{signed(t.mean, digits)} ± {t.sd:.{digits}f} on {base:.2f}"
 
-    def holm_of(*key):
-        return p_text(tests[key][1])
+    def note(key):
+        t, p_holm, m, _ = tests[key]
+        word = ('**lower**' if t.mean < 0 else '**higher**') if p_holm < 0.05 else 'inconclusive'
+        return f"p {p_text(t.p)}, Holm {p_text(p_holm)} of {m}: {word}"
 
-    p_cell = tests[(wt, 'corridor', 'P', 'delta_orth', 'initial')]
-    drift = [tests[k] for k in tests if k[1:4] == ('corridor', 'operator', 'drift') and tests[k][0].p < 0.05]
+    p_cell = ('corridor', 'P', 'delta_orth', 'initial')
+    a_eff = [(s, 'corridor', 'operator', 'a_eff_fro', 'initial') for s in (ts, wt)]
+    drift = [k for k in tests if k[1:4] == ('corridor', 'operator', 'drift') and tests[k][0].p < 0.05]
+    where = '; '.join(f"{' and '.join(k[4] for k in drift if k[0] == s)} layers on {CORPORA[s.split('/')[0]]}"
+                      for s in dict.fromkeys(k[0] for k in drift))
+    holm_drift = [tests[k][1] for k in drift]
+    fixed_01 = [(s, 'fixed_gamma=-0.1', 'operator', 'a_eff_fro', 'initial') for s in (wt, ts)]
+    fixed_05 = [(ts, 'fixed_gamma', 'P', *cell) for cell in (('gram_ratio', 'final'), ('delta_orth', 'middle'),
+                                                              ('gram_ratio', 'middle'))]
     passing = [f"{walk_cell_name(k)} {signed(t.mean, 3)} (Holm {p_text(p_holm)})" for k, (t, p_holm, _, _) in tests.items()
                if p_holm < 0.05]
-    return [f"{quote(wt, 'corridor', 'P', 'delta_orth', 'initial', 3)}",
-            f"{quote(ts, 'corridor', 'P', 'delta_orth', 'initial', 3)}",
-            f"(p {p_text(p_cell[0].p)}, Holm {p_text(p_cell[1])})",
-            f"{quote(ts, 'corridor', 'operator', 'a_eff_fro', 'initial', 2)} and "
-            f"{quote(wt, 'corridor', 'operator', 'a_eff_fro', 'initial', 2)}, *lower* on both corpora, Holm "
-            f"{holm_of(ts, 'corridor', 'operator', 'a_eff_fro', 'initial')} and "
-            f"{holm_of(wt, 'corridor', 'operator', 'a_eff_fro', 'initial')}",
-            f"p {min(t.p for t, *_ in drift):.3f}–{max(t.p for t, *_ in drift):.3f} unadjusted, none significant after "
-            f"Holm over the 24 cells, {min(p for _, p, *_ in drift):.2f}–{max(p for _, p, *_ in drift):.2f}",
-            f"δ_orth {quote(ts, 'fixed_gamma', 'P', 'delta_orth', 'middle', 1)} (p "
-            f"{p_text(tests[(ts, 'fixed_gamma', 'P', 'delta_orth', 'middle')][0].p)}, Holm "
-            f"{holm_of(ts, 'fixed_gamma', 'P', 'delta_orth', 'middle')}) and Gram dominance "
-            f"{quote(ts, 'fixed_gamma', 'P', 'gram_ratio', 'middle', 2)} (p "
-            f"{p_text(tests[(ts, 'fixed_gamma', 'P', 'gram_ratio', 'middle')][0].p)}, Holm "
-            f"{holm_of(ts, 'fixed_gamma', 'P', 'gram_ratio', 'middle')}) in the middle layers; Gram dominance "
-            f"{quote(ts, 'fixed_gamma', 'P', 'gram_ratio', 'final', 2)} in the final layers (Holm "
-            f"{holm_of(ts, 'fixed_gamma', 'P', 'gram_ratio', 'final')})",
+    return [f"{quote((wt, *p_cell), 3)} ({note((wt, *p_cell))})",
+            f"{quote((ts, *p_cell), 3)} ({note((ts, *p_cell))})",
+            f"{quote(a_eff[0], 2)} ({note(a_eff[0])}) and {quote(a_eff[1], 2)} ({note(a_eff[1])})",
+            f"its drift between layers {'rises' if all(tests[k][0].mean > 0 for k in drift) else 'moves'} in "
+            f"{len(drift)} regimes ({where}: p {min(tests[k][0].p for k in drift):.3f}–"
+            f"{max(tests[k][0].p for k in drift):.3f} before Holm, "
+            + ('none significant after it' if min(holm_drift) >= 0.05 else 'some significant after it')
+            + f", Holm {min(holm_drift):.2f}–{max(holm_drift):.2f})" if drift else "its drift passes no test",
+            f"{signed(tests[fixed_01[0]][0].mean, 3)} on WikiText-2 ({note(fixed_01[0])}), "
+            f"{signed(tests[fixed_01[1]][0].mean, 3)} on Tiny Shakespeare ({note(fixed_01[1])})",
+            f"Gram dominance {quote(fixed_05[0], 2)} in the final layers ({note(fixed_05[0])}); in the middle layers "
+            f"δ_orth {quote(fixed_05[1], 1)} ({note(fixed_05[1])}) and Gram dominance {quote(fixed_05[2], 2)} "
+            f"({note(fixed_05[2])})",
             f"{len(passing)} of the {len(tests)} cells pass Holm: " + '; '.join(passing) + '.']
 
 
@@ -423,8 +436,17 @@ TABLES = {'claims': claims_table, 'fixed_gamma': fixed_gamma_table, 'replication
 
 
 def planned_runs(study, runs):
-    """How many runs a study plans (lab.studies.STUDIES); a file of another name (a walk file): its own."""
-    return sum(len(p.variants) * p.seeds for p in STUDIES[study].parts) if study in STUDIES else len(runs)
+    """(runs in the file, runs the study plans (lab.studies.STUDIES)); a walk file counts its runs, not its rows; a
+    file of no study: its own count twice."""
+    name = study.removesuffix('_walk')
+    have = len({key[:3] for key in runs}) if name != study else len(runs)  # (setting, variant, seed)
+    return have, sum(len(p.variants) * p.seeds for p in STUDIES[name].parts) if name in STUDIES else have
+
+
+def read_file(study):
+    """A published file of docs/per_seed/: a walk file (NAME_walk.csv) or a study's per-seed losses."""
+    path = os.path.join(PER_SEED, f'{study}.csv')
+    return (read_walk if study.endswith('_walk') else read_per_seed)(path)
 
 
 def study_tables():
@@ -432,10 +454,10 @@ def study_tables():
     renderer here and every planned run in the file."""
     tables = {}
     for study, table in TABLES.items():
-        path = os.path.join(PER_SEED, f'{study}.csv')
-        if os.path.exists(path):
-            runs = (read_walk if study.endswith('_walk') else read_per_seed)(path)
-            if len(runs) >= planned_runs(study, runs):  # a study still running is not on the page yet
+        if os.path.exists(os.path.join(PER_SEED, f'{study}.csv')):
+            runs = read_file(study)
+            have, planned = planned_runs(study, runs)
+            if have >= planned:  # a study still running is not on the page yet
                 tables[study] = table(runs)
     return tables
 

@@ -192,6 +192,7 @@ def test_a_walk_file_is_paired_by_seed_against_attentions_part_p_with_holm_per_v
     for part, shift in (('P', 0.0), ('operator', 0.5)):
         drift, a_eff = (tests[('a/b', 'corridor', part, d, 'initial')] for d in ('drift', 'a_eff_fro'))
         assert drift[0].n == 2 and drift[0].mean == pytest.approx(0.2 + shift) and drift[3] == pytest.approx(1.5)
+        assert drift[0].p == pytest.approx(module.paired_test([0.1 + shift, 0.3 + shift]).p)  # seed with seed
         assert a_eff[0].mean == pytest.approx(-1.05 + shift) and a_eff[3] == pytest.approx(3.25)
         low, high = sorted((drift[0].p, a_eff[0].p))
         assert (drift[2], a_eff[2]) == (2, 2)  # the family: this part's two cells, not all four
@@ -200,15 +201,17 @@ def test_a_walk_file_is_paired_by_seed_against_attentions_part_p_with_holm_per_v
 
 def test_every_studies_md_table_of_a_study_with_a_per_seed_file_is_what_that_file_gives():
     """docs/studies.md's tables of a study whose per-seed file is published are rendered from that file
-    (docs/results_recomputed.py's TABLES) and must appear on the page verbatim, as must the CIs it quotes for the claims
-    those tables test: no cell can drift from the runs."""
+    (docs/results_recomputed.py's TABLES) and must appear on the page verbatim (line breaks aside), as must the CIs it
+    quotes for the claims those tables test: no cell can drift from the runs."""
     module = recomputed_module()
     tables = module.study_tables()
     page = (REPO / 'docs' / 'studies.md').read_text()
-    assert {'claims', 'fixed_gamma', 'replication', 'corridor_settled_pilot', 'geometry_walk'} <= set(tables)  # not vacuous: these are checked
+    checked = {'claims', 'fixed_gamma', 'replication', 'corridor_settled_pilot', 'geometry_walk'}
+    assert checked <= set(tables)  # not vacuous: these are checked
+    words = ' '.join(page.split())  # the page may wrap a rendered sentence: compared with spaces collapsed
     for study, texts in tables.items():
         for text in texts:
-            assert text in page, f"docs/studies.md lacks what the {study} per-seed file gives:\n{text}"
+            assert ' '.join(text.split()) in words, f"docs/studies.md lacks what the {study} per-seed file gives:\n{text}"
 
 
 def test_the_settled_corridor_table_is_its_per_seed_cells_and_stays_off_the_page_until_every_run_is_in(tmp_path,
@@ -223,16 +226,45 @@ def test_the_settled_corridor_table_is_its_per_seed_cells_and_stays_off_the_page
     runs = module.read_per_seed(tmp_path / 'corridor_settled.csv')
     assert len(runs) == 24  # seeds 300–302, 4 variants, 2 corpora
     table = module.corridor_settled_table(runs)[0]
+    labels = {'corridor': 'learnable corridor − attention | primary', 'corridor_lr=3.0': 'corridor, operator_lr_mult 3 − '
+              'attention | secondary', 'fixed_gamma=-0.1': 'fixed γ = −0.1, δ = 1 − attention | secondary'}
     for setting, a, b, t, p_holm, m, below in module.per_seed_cells('corridor_settled', runs):
         assert m == 2 and b == 'attention'
-        corpus = module.CORPORA[setting.split('/')[0]]
-        row = next(line for line in table.splitlines() if line.startswith(f'| {corpus} | ')
-                   and f'| {t.n} | {module.signed(t.mean, 5)} [' in line)
+        row = next(line for line in table.splitlines()
+                   if line.startswith(f"| {module.CORPORA[setting.split('/')[0]]} | {labels[a]} "))
+        assert f'| {t.n} | {module.signed(t.mean, 5)} [' in row
         assert f' | {module.p_text(p_holm)} | ' in row and f' | {below} of {t.n} | ' in row
     monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
     assert 'corridor_settled' not in module.study_tables()
-    monkeypatch.setattr(module, 'planned_runs', lambda study, runs: len(runs))
+    monkeypatch.setattr(module, 'planned_runs', lambda study, runs: (len(runs), len(runs)))
     assert module.study_tables()['corridor_settled'][0] == table
+
+
+def test_the_powered_table_holds_the_two_fixed_gammas_in_one_family_and_the_corridor_alone(tmp_path):
+    """Three seeds: each variant − attention paired by seed; Holm over the two fixed γ (the primary tests), the
+    corridor's secondary test alone; the quoted CIs and the losses line from the same runs."""
+    module = recomputed_module()
+    shifts = {'attention': (0.0, 0.0, 0.0), 'fixed_gamma=-0.1': (-0.004, -0.003, -0.005),
+              'fixed_gamma=-0.2': (-0.006, -0.002, -0.007), 'corridor': (0.001, -0.001, 0.002)}
+    rows = [(v, k, 2.0 + 0.01 * k + d) for v, ds in shifts.items() for k, d in enumerate(ds)]
+    (tmp_path / 'p.csv').write_text('setting,variant,seed,iter,tokens,val_loss,gamma_mean,delta_mean,seconds\n' + ''.join(
+        f'wikitext2_char/small,{v},{k},10,100,{repr(x)},-0.05,0.95,1.0\n' for v, k, x in rows))
+    runs = module.read_per_seed(tmp_path / 'p.csv')
+    table, q1, q2, corridor, losses = module.fixed_gamma_powered_table(runs)
+    tests = {v: module.paired_test([a - b for a, b in zip(ds, shifts['attention'])]) for v, ds in shifts.items()
+             if v != 'attention'}
+    low, high = sorted((tests['fixed_gamma=-0.1'].p, tests['fixed_gamma=-0.2'].p))
+    holm = {v: (2 * low if tests[v].p == low else max(2 * low, high)) for v in ('fixed_gamma=-0.1', 'fixed_gamma=-0.2')}
+    for v, label in (('fixed_gamma=-0.1', 'fixed γ = −0.1'), ('fixed_gamma=-0.2', 'fixed γ = −0.2')):
+        row = next(line for line in table.splitlines()
+                   if line.startswith(f'| {label} − attention | primary (Holm over 2) | 3 | '))
+        assert f' | {module.p_text(tests[v].p)} | {module.p_text(holm[v])} | ' in row
+    row = next(line for line in table.splitlines()
+               if line.startswith('| learnable corridor − attention | secondary (alone) |'))
+    p = module.p_text(tests['corridor'].p)
+    assert f' | {p} | {p} | ' in row  # alone: Holm is the unadjusted p
+    assert q1 == f"γ = −0.1: {module.ci(tests['fixed_gamma=-0.1'])}" and corridor.startswith(module.ci(tests['corridor']))
+    assert losses.startswith('Final validation losses (mean ± SD over the 3 seeds): attention 2.0100 ± 0.0100, ')
 
 
 def test_a_claims_table_cell_says_holm_and_the_unadjusted_p_where_only_that_passes():
