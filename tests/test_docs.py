@@ -288,3 +288,19 @@ def test_runs_two_studies_share_have_one_set_of_numbers_in_their_per_seed_files(
     assert all(claims[k] == fixed[k] for k in shared)
     geometry = module.read_per_seed(REPO / 'docs' / 'per_seed' / 'geometry.csv')  # its runs are those two studies'
     assert len(geometry) == 24 and all(geometry[k] == {**claims, **fixed}[k] for k in geometry)
+
+
+def test_the_per_seed_folders_page_counts_each_files_runs_and_lists_every_file():
+    """docs/per_seed/README.md's table of how each file was made: the runs it states are the file's rows (the
+    walk file: its runs), and no published file is left out of the table."""
+    module = recomputed_module()
+    folder = REPO / 'docs' / 'per_seed'
+    stated = {}
+    for line in (folder / 'README.md').read_text().splitlines():
+        match = re.match(r'\| ([\w, .]+\.csv) \| (\d+)', line)
+        if match:
+            stated.update((name.strip(), int(match[2])) for name in match[1].split(','))
+    assert set(stated) == {p.name for p in folder.glob('*.csv')}
+    for name, runs in stated.items():
+        study = name.removesuffix('.csv')
+        assert module.planned_runs(study, module.read_file(study))[0] == runs, name

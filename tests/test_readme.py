@@ -11,7 +11,7 @@ import pytest
 from common import UserError, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = [REPO / 'README.md', *sorted((REPO / 'docs').glob('*.md'))]
+PAGES = [REPO / 'README.md', *sorted((REPO / 'docs').glob('*.md')), *sorted((REPO / 'docs').glob('*/*.md'))]
 CONFIGURED = ('train.py', 'sample.py', 'lab/sweep.py')  # the scripts that take nanoGPT's --key=value configurator
 
 
