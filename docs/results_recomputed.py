@@ -263,6 +263,14 @@ def replication_quotes(runs):
             ', '.join(f"{v} {statistics.fmean(x):.4f} ± {statistics.stdev(x):.4f}" for v, x in losses.items())]
 
 
+def row_cells(t, p_holm, _, below):
+    """A pre-registered test's cells as the powered and settled tables print them: seeds | mean [95 % CI] | p |
+    Holm p | MDE | seeds below 0 | verdict (one cell_tests entry)."""
+    words = verdict(t, p_holm)
+    return (f"{t.n} | {signed(t.mean, 5)} [{signed(t.low, 5)}, {signed(t.high, 5)}] | {p_text(t.p)} | {p_text(p_holm)} | "
+            f"{t.mde:.2g} | {below} of {t.n} | " + (f"**{words}**" if words in ('lower', 'higher') else words))
+
+
 def fixed_gamma_powered_table(runs):
     """The powered (d) study's table (its two primary tests, Holm over the two, and the corridor's secondary test
     alone), the CIs the verdicts table quotes, and the final losses."""
@@ -274,11 +282,7 @@ def fixed_gamma_powered_table(runs):
     out = ["| test | role | seeds | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict |",
            '|---|---|---|---|---|---|---|---|---|']
     for variant, (label, role) in roles.items():
-        t, p_holm, _, below = tests[(setting, variant, 'attention')]
-        words = verdict(t, p_holm)
-        out.append(f"| {label} | {role} | {t.n} | {signed(t.mean, 5)} [{signed(t.low, 5)}, {signed(t.high, 5)}] | "
-                   f"{p_text(t.p)} | {p_text(p_holm)} | {t.mde:.2g} | {below} of {t.n} | "
-                   + (f"**{words}**" if words in ('lower', 'higher') else words) + ' |')
+        out.append(f"| {label} | {role} | {row_cells(*tests[(setting, variant, 'attention')])} |")
     corridor, p_corridor = tests[(setting, 'corridor', 'attention')][:2]
     losses = {v: column(runs, setting, v) for v in ('attention', *roles)}
     gamma, delta = (statistics.fmean(column(runs, setting, 'corridor', k)) for k in ('gamma_mean', 'delta_mean'))
@@ -305,13 +309,9 @@ def corridor_settled_table(runs):
     for corpus, name in CORPORA.items():
         setting = f'{corpus}/small-x4'
         for variant, label, role in rows:
-            t, p_holm, _, below = tests[(setting, variant, 'attention')]
-            words = verdict(t, p_holm)
             change = statistics.fmean(column(runs, setting, variant, 'gamma_change_last_quarter'))
-            out.append(f"| {name} | {label} | {role} | {t.n} | {signed(t.mean, 5)} [{signed(t.low, 5)}, "
-                       f"{signed(t.high, 5)}] | {p_text(t.p)} | {p_text(p_holm)} | {t.mde:.2g} | {below} of {t.n} | "
-                       + (f"**{words}**" if words in ('lower', 'higher') else words)
-                       + f" | {gamma_delta(runs, setting, variant)} | {signed(change, 3)} |")
+            out.append(f"| {name} | {label} | {role} | {row_cells(*tests[(setting, variant, 'attention')])} | "
+                       f"{gamma_delta(runs, setting, variant)} | {signed(change, 3)} |")
     primary = [(name, *tests[(f'{corpus}/small-x4', 'corridor', 'attention')][:2]) for corpus, name in CORPORA.items()]
     return ['\n'.join(out), '; '.join(f"{name} {ci(t)}, Holm {p_text(p_holm)}" for name, t, p_holm in primary)]
 
