@@ -21,8 +21,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import atomic_write  # noqa: E402
 from lab.reports import family  # noqa: E402  (the studies' Holm families, as their reports form them)
-from lab.studies import STUDIES, parse_variant  # noqa: E402
-from lab.stats import fmt_p, holm, paired_test, summary_test, t_quantile, verdict, weighted_line_fit  # noqa: E402
+from lab.studies import STUDIES, millions, non_embedding_params, parse_variant, setting_config  # noqa: E402
+from lab.stats import (fmt_p, holm, line_fit, paired_test, summary_test, t_quantile, verdict,  # noqa: E402
+                       weighted_line_fit)
 
 PER_SEED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'per_seed')
 
@@ -330,6 +331,61 @@ def corridor_settled_pilot_table(runs):
     return ['\n'.join(out)]
 
 
+
+SIZES = {'tiny': 'tiny', 'small': 'small, the base', 'medium-x2': 'medium-x2'}  # the scales study's, smallest first
+
+
+def scales_fits(runs):
+    """{corpus: line_fit} of every seed pair's corridor − attention on log10(non-embedding parameters) over the scales
+    study's sizes (unweighted: each pair counts the same), and {size: non-embedding parameters}."""
+    params = {size: non_embedding_params(setting_config(f'shakespeare_char/{size}')) for size in SIZES}
+    fits = {}
+    for corpus in CORPORA:
+        xs, ys = [], []
+        for size in SIZES:
+            setting = f'{corpus}/{size}'
+            seeds = sorted(k for s, v, k in runs if (s, v) == (setting, 'corridor') and (s, 'attention', k) in runs)
+            xs += [math.log10(params[size])] * len(seeds)
+            ys += [runs[(setting, 'corridor', k)]['val_loss'] - runs[(setting, 'attention', k)]['val_loss'] for k in seeds]
+        fits[corpus] = line_fit(xs, ys)
+    return fits, params
+
+
+def scales_table(runs):
+    """The scales section's table (corridor − attention per size and corpus, Holm over the six cells, where γ ends),
+    the unweighted fit on log10(non-embedding parameters) per corpus, and the cells the page quotes: the tiny size's
+    CI on Tiny Shakespeare and the bound it puts on a gain, the base size's on WikiText-2, medium-x2's seed pairs."""
+    tests = cell_tests('scales', runs, [('corridor', 'attention')])
+    fits, params = scales_fits(runs)
+    out = [f"| corridor − attention | non-embedding parameters | tokens per run (per parameter) | {TS} | Holm p (6 cells): "
+           f"verdict | {WT} | Holm p (6 cells): verdict | final mean γ (Shakespeare / WikiText-2) |",
+           '|---|---|---|---|---|---|---|---|']
+    for size, label in SIZES.items():
+        settings = [f'{corpus}/{size}' for corpus in CORPORA]
+        tokens = int(next(r['tokens'] for (s, _, _), r in runs.items() if s == settings[0]))
+        cells = [f"{label} ({len(column(runs, settings[0], 'attention'))} seeds)", millions(params[size]),
+                 f"{tokens / 1e6:.2f}M ({tokens / params[size]:.1f})"]
+        for setting in settings:
+            t, p_holm, _, _ = tests[(setting, 'corridor', 'attention')]
+            cells += [f"{signed(t.mean)} ± {t.sd:.4f}", holm_words(t, p_holm)]
+        cells.append(' / '.join(signed(statistics.fmean(column(runs, s, 'corridor', 'gamma_mean')), 3) for s in settings))
+        out.append('| ' + ' | '.join(cells) + ' |')
+
+    def bound(setting):  # the CI and the largest gain (a negative difference) it leaves possible
+        t = tests[(setting, 'corridor', 'attention')][0]
+        return f"{ci(t)}, no gain larger than {max(0.0, -t.low):.4f} (MDE {t.mde:.4f})"
+
+    medium = 'shakespeare_char/medium-x2'
+    pairs = [runs[(medium, 'corridor', k)]['val_loss'] - runs[(medium, 'attention', k)]['val_loss']
+             for k in sorted(k for s, v, k in runs if (s, v) == (medium, 'attention'))]
+    return ['\n'.join(out),
+            ' and '.join(f"{signed(slope)} per tenfold [{signed(low)}, {signed(high)}] on {CORPORA[corpus]}"
+                         for corpus, (slope, low, high, _, _) in fits.items()),
+            f"at the tiny size ({tests[('shakespeare_char/tiny', 'corridor', 'attention')][0].n} seeds) "
+            f"{bound('shakespeare_char/tiny')}; WikiText-2 at the base size {bound('wikitext2_char/small')}",
+            '(' + ', '.join(signed(d) for d in pairs) + ')']
+
+
 # ------------------------------------------------------------------------------------------------ the walk file
 # the geometry study's per_seed_walk.csv: each run's walk diagnostic per depth regime at the final evaluation, for the
 # attention part P and the full operator (lab/study_figures.py's geometry_figures writes it)
@@ -432,7 +488,7 @@ def geometry_quotes(walk):
 
 TABLES = {'claims': claims_table, 'fixed_gamma': fixed_gamma_table, 'replication': replication_quotes,
           'fixed_gamma_powered': fixed_gamma_powered_table, 'corridor_settled_pilot': corridor_settled_pilot_table,
-          'corridor_settled': corridor_settled_table, 'geometry_walk': geometry_quotes}
+          'corridor_settled': corridor_settled_table, 'geometry_walk': geometry_quotes, 'scales': scales_table}
 
 
 def planned_runs(study, runs):

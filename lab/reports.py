@@ -14,6 +14,7 @@ import torch
 
 from analyze import occupancy_report, plot_evolution, plot_gamma_delta, plot_occupancy
 from common import UserError, atomic_write
+from model import CLAIM_B, in_corridor
 from sources import load_run
 
 from lab.figures import plt, save
@@ -170,6 +171,38 @@ def last_quarter_change(series):
     return means[-1] - means[int(0.75 * (len(means) - 1))]
 
 
+def last_quarter_range(gamma):
+    """How far γ still moves at the end: over the evaluations of the last quarter, the largest range of one head's γ
+    (the head that moves most). gamma: [evaluations, layers, heads]."""
+    tail = gamma[int(0.75 * (len(gamma) - 1)):]
+    return (tail.max(0).values - tail.min(0).values).max().item()
+
+
+PER_LAYER_FIELDS = ('setting', 'variant', 'seed', 'layer', 'gamma_mean', 'gamma_min', 'gamma_max', 'in_corridor',
+                    'inside_claim_b', 'gamma_range_last_quarter')
+
+
+def per_layer_rows(results):
+    """One row per layer of each finished run with operator scalars: where its heads' γ end (mean, min, max), the
+    share of them in the corridor −1 < γ < 0 and strictly inside, −1 < γ < CLAIM_B (claim (b)'s reading), and the
+    largest range of one head's γ over the last quarter's evaluations. The per-layer cells of claim (b) (docs/per_seed/)."""
+    rows = []
+    for setting, (loaded, summary) in results.items():
+        for (variant, seed), run in sorted(loaded.items(), key=lambda item: (item[0][1], item[0][0])):
+            if not summary[variant]['operator_scalars']:
+                continue
+            series = torch.stack([gamma for _, gamma, _ in run['series']]) if run['series'] else run['gamma'][None]
+            for layer, gamma in enumerate(run['gamma']):
+                rows.append(dict(setting=setting, variant=variant, seed=seed, layer=layer,
+                                 **{k: f"{x:.6f}" for k, x in (
+                                     ('gamma_mean', gamma.mean().item()), ('gamma_min', gamma.min().item()),
+                                     ('gamma_max', gamma.max().item()),
+                                     ('in_corridor', in_corridor(gamma).float().mean().item()),
+                                     ('inside_claim_b', in_corridor(gamma, CLAIM_B).float().mean().item()),
+                                     ('gamma_range_last_quarter', last_quarter_range(series[:, layer:layer + 1])))}))
+    return rows
+
+
 def per_seed_rows(results):
     """One row per finished run: its final validation loss (repr: the exact float), final mean γ, δ over every head,
     and how far that mean γ moved over the last quarter of the run. The file a reader checks any cell against
@@ -188,8 +221,9 @@ def per_seed_rows(results):
 
 
 def report(name, study, runs, out, figures, without_runs=False):
-    """Load every finished run, write OUT/report.md, report.json, the figures every study shares and the study's own
-    (figures: its function in lab/study_figures.py); print the report. without_runs: a report even before any run
+    """Load every finished run, write OUT/report.md, report.json, per_seed.csv and per_seed_layers.csv (each run's
+    numbers, per_seed_rows and per_layer_rows), the figures every study shares and the study's own (figures: its
+    function in lab/study_figures.py); print the report. without_runs: a report even before any run
     finished (the pretrained study's frozen curve is an evaluation)."""
     os.makedirs(out, exist_ok=True)
     results, skipped, planned = {}, [], {}  # planned: each setting's variants (canonical specs), in the study's order
@@ -229,6 +263,10 @@ def report(name, study, runs, out, figures, without_runs=False):
         writer = csv.DictWriter(f, PER_SEED_FIELDS, lineterminator='\n')
         writer.writeheader()
         writer.writerows(per_seed_rows(results))
+    with atomic_write(os.path.join(out, 'per_seed_layers.csv')) as f:
+        writer = csv.DictWriter(f, PER_LAYER_FIELDS, lineterminator='\n')
+        writer.writeheader()
+        writer.writerows(per_layer_rows(results))
     with atomic_write(os.path.join(out, 'report.json')) as f:
         json.dump(dict(settings={setting: summary for setting, (_, summary) in results.items()}, tests=tests.tests),
                   f, indent=1)

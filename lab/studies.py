@@ -140,6 +140,12 @@ SETTINGS.update({
                                                                            lr_decay_iters=60, eval_interval=10)),
 })
 
+
+def setting_config(setting):
+    """A setting's train.py config: its base file with its keys, as a study's runs get it (their variant aside)."""
+    base, keys = SETTINGS[setting]
+    return parse_config(TRAIN_DEFAULTS, [os.path.join(REPO, base), *(f'--{k}={v!r}' for k, v in keys.items())])
+
 # ------------------------------------------------------------------------------------------------ studies
 
 

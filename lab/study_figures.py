@@ -18,7 +18,7 @@ from model import CLAIM_B, in_corridor
 
 from lab.connection import depth_regimes
 from lab.figures import WALK_PANELS, plot_walk_evolution, plt, save, walk_series
-from lab.reports import family, last_quarter_change, paired_differences
+from lab.reports import family, last_quarter_change, last_quarter_range, paired_differences
 from lab.stats import ci_half_width, fmt_p, line_fit, paired_test, summary_test, weighted_line_fit
 from lab.studies import (FIXED_GAMMAS, SETTLED, FROZEN_SEED, PRETRAINED_FIXED_GAMMA, STUDIES, frozen_gamma_path, millions,
                          parse_variant)
@@ -282,13 +282,6 @@ def scales_figures(results, out, tests, study):
 
 
 DEEP = CLAIM_B  # model.py: claim (b)'s "inside the corridor", read strictly (−1 < γ < −0.05)
-
-
-def last_quarter_range(gamma):
-    """How far γ still moves at the end: over the evaluations of the last quarter, the largest range of one head's γ
-    (the head that moves most). gamma: [evaluations, layers, heads]."""
-    tail = gamma[int(0.75 * (len(gamma) - 1)):]
-    return (tail.max(0).values - tail.min(0).values).max().item()
 
 
 def gamma_dynamics_figures(results, out, tests, study):

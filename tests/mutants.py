@@ -111,8 +111,10 @@ MUTANTS = [
     Mutant('delta_orth_trace_by_d', 'lab/connection.py', "sums['delta_orth'] / count / math.sqrt(d)",
            "sums['delta_orth'] / count / d", k('test_walk.py', 'naive')),
     # the study reports
-    Mutant('dynamics_quarter_at_half', 'lab/study_figures.py', 'gamma[int(0.75 * (len(gamma) - 1)):]',
-           'gamma[int(0.5 * (len(gamma) - 1)):]', k('test_sweep.py', 'report_states or pretrained_report')),
+    Mutant('dynamics_quarter_at_half', 'lab/reports.py', 'gamma[int(0.75 * (len(gamma) - 1)):]',
+           'gamma[int(0.5 * (len(gamma) - 1)):]', k('test_sweep.py', 'report_states or pretrained_report or per_layer')),
+    Mutant('per_layer_inside_is_the_corridor', 'lab/reports.py', "in_corridor(gamma, CLAIM_B)", "in_corridor(gamma)",
+           k('test_sweep.py', 'per_layer')),
     Mutant('scales_occupancy_all_layers', 'lab/study_figures.py', "{cell} | {c['occupancy_beyond_first']:.0%}",
            "{cell} | {c['occupancy']:.0%}", k('test_sweep.py', 'report_states')),
     Mutant('geometry_base_not_averaged', 'lab/study_figures.py', 'cells = [f"{statistics.fmean(base.values()):.4g}"]',

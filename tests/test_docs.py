@@ -9,6 +9,7 @@ Where "beside" is, kept simple:
 A verdict with no Holm p found there fails, as does one whose Holm p is 0.05 or more. Italic *lower* / *higher* is
 left alone: the pages use it in prose that defines the words too."""
 
+import math
 import re
 from pathlib import Path
 
@@ -265,6 +266,33 @@ def test_the_powered_table_holds_the_two_fixed_gammas_in_one_family_and_the_corr
     assert f' | {p} | {p} | ' in row  # alone: Holm is the unadjusted p
     assert q1 == f"γ = −0.1: {module.ci(tests['fixed_gamma=-0.1'])}" and corridor.startswith(module.ci(tests['corridor']))
     assert losses.startswith('Final validation losses (mean ± SD over the 3 seeds): attention 2.0100 ± 0.0100, ')
+
+
+def test_the_scales_table_holds_its_six_cells_in_one_holm_family_and_fits_every_seed_pair():
+    """Three sizes × two corpora, three seeds each: each cell corridor − attention paired by seed, one Holm family
+    over the six; the fit per corpus is least squares over every seed pair on log10(non-embedding parameters)."""
+    module = recomputed_module()
+    shifts = {'tiny': (-0.001, 0.002, 0.0), 'small': (-0.003, -0.0035, -0.0025), 'medium-x2': (0.003, -0.012, -0.008)}
+    runs = {}
+    for corpus in ('shakespeare_char', 'wikitext2_char'):
+        for size, ds in shifts.items():
+            for k, d in enumerate(ds):
+                for variant, x in (('attention', 2.0 + 0.01 * k), ('corridor', 2.0 + 0.01 * k + d)):
+                    runs[(f'{corpus}/{size}', variant, k)] = dict(val_loss=x, tokens='921600', gamma_mean='-0.05',
+                                                                  delta_mean='0.95')
+    table, fits, bounds, medium = module.scales_table(runs)
+    tests = {size: module.paired_test(list(ds)) for size, ds in shifts.items()}
+    holm = dict(zip(shifts, module.holm([t.p for t in tests.values()] * 2)))  # each cell twice: both corpora
+    row = next(line for line in table.splitlines() if line.startswith('| small, the base (3 seeds) | 0.79M | '))
+    assert f"| {module.signed(tests['small'].mean)} ± {tests['small'].sd:.4f} | Holm {module.p_text(holm['small'])}" in row
+    _, params = module.scales_fits(runs)
+    assert 0.09e6 < params['tiny'] < params['small'] < params['medium-x2'] < 3e6
+    xs = [math.log10(params[size]) for size, ds in shifts.items() for _ in ds]
+    slope, low, high, _, n = module.line_fit(xs, [d for ds in shifts.values() for d in ds])
+    assert n == 9 and fits.startswith(f"{module.signed(slope)} per tenfold [{module.signed(low)}, {module.signed(high)}]")
+    assert bounds.startswith(f"at the tiny size (3 seeds) {module.ci(tests['tiny'])}, no gain larger than "
+                             f"{-tests['tiny'].low:.4f}")
+    assert medium == '(+0.0030, −0.0120, −0.0080)'
 
 
 def test_a_claims_table_cell_says_holm_and_the_unadjusted_p_where_only_that_passes():

@@ -339,12 +339,35 @@ def test_the_settled_corridor_study_reports_its_named_tests_and_publishes_every_
         # the mean γ's move over the last quarter: last evaluation minus the one three quarters of the way
         means = [statistics.fmean(g for layer in e['gamma'] for g in layer) for e in log if 'gamma' in e]
         assert len(means) > 2 and float(change) == pytest.approx(means[-1] - means[int(0.75 * (len(means) - 1))], abs=1e-6)
+    layers = (out / 'per_seed_layers.csv').read_text().splitlines()  # every layer of the 12 runs with operator scalars
+    assert layers[0] == ','.join(reports.PER_LAYER_FIELDS) and len(layers) - 1 == 12 * len(final['gamma'])
+    assert not any(',attention,' in row for row in layers)
 
 
 def test_gammas_last_quarter_change_is_the_last_mean_minus_the_one_three_quarters_of_the_way():
     """Nine evaluations whose mean γ is −0.1·k: the last quarter starts at evaluation 6, so the change is −0.2."""
     series = [(100 * k, torch.full((2, 3), -0.1 * k), torch.ones(2, 3)) for k in range(9)]
     assert reports.last_quarter_change(series) == pytest.approx(-0.2)
+
+
+def test_the_per_layer_file_says_where_each_layers_heads_end_and_how_far_they_still_move():
+    """One corridor run, 2 layers × 4 heads, 9 evaluations in which only layer 1's first head still moves (by 0.01 an
+    evaluation): per layer the final γ's mean, min, max, the share in −1 < γ < 0 and in −1 < γ < −0.05, and the
+    largest range of one head over the last quarter (evaluations 6–8: 0.02 in layer 1, 0 in layer 0); attention's
+    run, with no operator scalars, has no rows."""
+    final = torch.tensor([[-0.5, -0.01, 0.2, -1.5], [-0.2, -0.3, -0.1, -0.06]])
+    moving = torch.zeros(2, 4)
+    moving[1, 0] = 0.01
+    series = [(10 * k, final + moving * (8 - k), torch.ones(2, 4)) for k in range(9)]
+    corridor = dict(gamma=final, series=series)
+    attention = dict(gamma=torch.zeros(2, 4), series=[(10 * k, torch.zeros(2, 4), torch.ones(2, 4)) for k in range(9)])
+    results = {'tiny/a': ({('corridor', 0): corridor, ('attention', 0): attention},
+                          {'corridor': dict(operator_scalars=True), 'attention': dict(operator_scalars=False)})}
+    rows = reports.per_layer_rows(results)
+    assert [(r['variant'], r['layer']) for r in rows] == [('corridor', 0), ('corridor', 1)]
+    expected = [(-0.4525, -1.5, 0.2, 0.5, 0.25, 0.0), (-0.165, -0.3, -0.06, 1.0, 1.0, 0.02)]
+    for row, values in zip(rows, expected):
+        assert [float(row[k]) for k in reports.PER_LAYER_FIELDS[4:]] == pytest.approx(values, abs=1e-6)
 
 
 def test_a_gpu_preset_starts_and_logs_on_cpu_with_tiny_overrides(tiny_data_root, tmp_path):
