@@ -90,12 +90,17 @@ def cell_tests(study, runs, pairs):
     tests = {}
     for setting in dict.fromkeys(s for s, _, _ in runs):
         for a, b in pairs:
-            seeds = sorted(k for s, v, k in runs if (s, v) == (setting, a) and (setting, b, k) in runs)
-            differences = [runs[(setting, a, k)]['val_loss'] - runs[(setting, b, k)]['val_loss'] for k in seeds]
+            differences = seed_pairs(runs, setting, a, b)
             if differences:
                 tests[(setting, a, b)] = (paired_test(differences), sum(d < 0 for d in differences))
     adjusted = holm_within({k: t for k, (t, _) in tests.items()}, lambda k: family(study, k[1], k[2]))
     return {k: (t, *adjusted[k], below) for k, (t, below) in tests.items()}
+
+
+def seed_pairs(runs, setting, a='corridor', b='attention'):
+    """a − b's final val losses in one setting, paired by seed, in seed order (the seeds both have)."""
+    seeds = sorted(k for s, v, k in runs if (s, v) == (setting, a) and (setting, b, k) in runs)
+    return [runs[(setting, a, k)]['val_loss'] - runs[(setting, b, k)]['val_loss'] for k in seeds]
 
 
 def holm_within(tests, family_of):
@@ -335,20 +340,25 @@ def corridor_settled_pilot_table(runs):
 SIZES = {'tiny': 'tiny', 'small': 'small, the base', 'medium-x2': 'medium-x2'}  # the scales study's, smallest first
 
 
-def scales_fits(runs):
-    """{corpus: line_fit} of every seed pair's corridor − attention on log10(non-embedding parameters) over the scales
-    study's sizes (unweighted: each pair counts the same), and {size: non-embedding parameters}."""
-    params = {size: non_embedding_params(setting_config(f'shakespeare_char/{size}')) for size in SIZES}
-    fits = {}
-    for corpus in CORPORA:
-        xs, ys = [], []
-        for size in SIZES:
-            setting = f'{corpus}/{size}'
-            seeds = sorted(k for s, v, k in runs if (s, v) == (setting, 'corridor') and (s, 'attention', k) in runs)
-            xs += [math.log10(params[size])] * len(seeds)
-            ys += [runs[(setting, 'corridor', k)]['val_loss'] - runs[(setting, 'attention', k)]['val_loss'] for k in seeds]
-        fits[corpus] = line_fit(xs, ys)
-    return fits, params
+def size_fits(runs, settings):
+    """corridor − attention against log10(non-embedding parameters) over sizes (settings; each's parameters those of
+    its corridor runs, as the report counts them, from lab.studies): (the unweighted fit, least squares over every seed pair: line_fit; the precision-weighted one of
+    the sizes' means, weights 1/SE²: weighted_line_fit; its weighted χ² about that line, about k − 2 if the means
+    scatter only as their SEs say; {setting: parameters})."""
+    params = {s: non_embedding_params({**setting_config(s), **parse_variant('corridor')[1]}) for s in settings}
+    pairs = {s: seed_pairs(runs, s) for s in settings}
+    xs = {s: math.log10(params[s]) for s in settings}
+    unweighted = line_fit([xs[s] for s in settings for _ in pairs[s]], [d for s in settings for d in pairs[s]])
+    tests = {s: paired_test(pairs[s]) for s in settings if len(pairs[s]) > 1}
+    weights = {s: t.n / t.sd ** 2 if t.sd > 0 else math.inf for s, t in tests.items()}  # 1/SE²
+    weighted = weighted_line_fit([xs[s] for s in tests], [t.mean for t in tests.values()],
+                                 [w ** -0.5 for w in weights.values()])
+    chi2 = float('nan')
+    if math.isfinite(weighted[0]):
+        x_bar, y_bar = (sum(weights[s] * v for s, v in values.items()) / sum(weights.values())
+                        for values in ({s: xs[s] for s in tests}, {s: t.mean for s, t in tests.items()}))
+        chi2 = sum(weights[s] * (t.mean - y_bar - weighted[0] * (xs[s] - x_bar)) ** 2 for s, t in tests.items())
+    return unweighted, weighted, chi2, params
 
 
 def scales_table(runs):
@@ -356,7 +366,8 @@ def scales_table(runs):
     the unweighted fit on log10(non-embedding parameters) per corpus, and the cells the page quotes: the tiny size's
     CI on Tiny Shakespeare and the bound it puts on a gain, the base size's on WikiText-2, medium-x2's seed pairs."""
     tests = cell_tests('scales', runs, [('corridor', 'attention')])
-    fits, params = scales_fits(runs)
+    fits = {corpus: size_fits(runs, [f'{corpus}/{size}' for size in SIZES]) for corpus in CORPORA}
+    params = {size: fits['shakespeare_char'][3][f'shakespeare_char/{size}'] for size in SIZES}
     out = [f"| corridor − attention | non-embedding parameters | tokens per run (per parameter) | {TS} | Holm p (6 cells): "
            f"verdict | {WT} | Holm p (6 cells): verdict | final mean γ (Shakespeare / WikiText-2) |",
            '|---|---|---|---|---|---|---|---|']
@@ -375,15 +386,43 @@ def scales_table(runs):
         t = tests[(setting, 'corridor', 'attention')][0]
         return f"{ci(t)}, no gain larger than {max(0.0, -t.low):.4f} (MDE {t.mde:.4f})"
 
-    medium = 'shakespeare_char/medium-x2'
-    pairs = [runs[(medium, 'corridor', k)]['val_loss'] - runs[(medium, 'attention', k)]['val_loss']
-             for k in sorted(k for s, v, k in runs if (s, v) == (medium, 'attention'))]
+    pairs = seed_pairs(runs, 'shakespeare_char/medium-x2')
     return ['\n'.join(out),
             ' and '.join(f"{signed(slope)} per tenfold [{signed(low)}, {signed(high)}] on {CORPORA[corpus]}"
-                         for corpus, (slope, low, high, _, _) in fits.items()),
+                         for corpus, ((slope, low, high, _, _), *_) in fits.items()),
             f"at the tiny size ({tests[('shakespeare_char/tiny', 'corridor', 'attention')][0].n} seeds) "
             f"{bound('shakespeare_char/tiny')}; WikiText-2 at the base size {bound('wikitext2_char/small')}",
             '(' + ', '.join(signed(d) for d in pairs) + ')']
+
+
+
+RUNGS = ('ladder-xs', 'ladder-s', 'ladder-m', 'ladder-l')  # the ladder's sizes (lab.studies.LADDER_SIZES), smallest first
+SHAKESPEARE_TRAIN_CHARS = 1_003_854  # prepare.py's train split of Tiny Shakespeare: a run's tokens over it are epochs
+
+
+def ladder_table(runs):
+    """The ladder's table (corridor − attention per rung, Holm over the four, where γ ends), its two fits on
+    log10(non-embedding parameters) as the page quotes them (the pre-registered unweighted one, the precision-weighted
+    one), and the weighted χ² of the rung means about the latter."""
+    settings = [f'shakespeare_char/{rung}' for rung in RUNGS]
+    tests = cell_tests('ladder', runs, [('corridor', 'attention')])
+    (slope, low, high, p, pairs), (w_slope, w_low, w_high, w_p, k), chi2, params = size_fits(runs, settings)
+    out = ["| corridor − attention | non-embedding parameters (layers × width) | tokens (epochs of Tiny Shakespeare) | "
+           "seeds | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict | γ̄ |", '|' + '---|' * 11]
+    for rung, setting in zip(RUNGS, settings):
+        config = setting_config(setting)
+        tokens = int(next(r['tokens'] for (s, _, _), r in runs.items() if s == setting))
+        out.append(f"| {rung} | {millions(params[setting])} ({config['n_layer']} × {config['n_embd']}) | "
+                   f"{tokens / 1e6:.2f}M ({tokens / SHAKESPEARE_TRAIN_CHARS:.2g}) | "
+                   f"{row_cells(*tests[(setting, 'corridor', 'attention')])} | "
+                   f"{signed(statistics.fmean(column(runs, setting, 'corridor', 'gamma_mean')), 3)} |")
+    return ['\n'.join(out),
+            f"pre-registered, unweighted over seed pairs (the primary test) | {signed(slope)} [{signed(low)}, "
+            f"{signed(high)}], p {p:.2f} | least squares of every seed pair's difference, {pairs} pairs at {len(RUNGS)} "
+            f"sizes, t on {pairs - 2} df",
+            f"precision-weighted (not named in advance) | {signed(w_slope)} [{signed(w_low)}, {signed(w_high)}], "
+            f"p {w_p:.2f} | weighted least squares of the {k} rung means",
+            f"weighted χ² {chi2:.1f} on {k - 2} df"]
 
 
 # ------------------------------------------------------------------------------------------------ the walk file
@@ -488,7 +527,8 @@ def geometry_quotes(walk):
 
 TABLES = {'claims': claims_table, 'fixed_gamma': fixed_gamma_table, 'replication': replication_quotes,
           'fixed_gamma_powered': fixed_gamma_powered_table, 'corridor_settled_pilot': corridor_settled_pilot_table,
-          'corridor_settled': corridor_settled_table, 'geometry_walk': geometry_quotes, 'scales': scales_table}
+          'corridor_settled': corridor_settled_table, 'geometry_walk': geometry_quotes, 'scales': scales_table,
+          'ladder': ladder_table}
 
 
 def planned_runs(study, runs):

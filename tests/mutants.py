@@ -256,8 +256,8 @@ MUTANTS = [
            "adjusted = holm_within({k: t for k, (t, _) in tests.items()}, lambda k: family(study, k[1], k[2]))",
            "adjusted = holm_within({k: t for k, (t, _) in tests.items()}, lambda k: 'one')", ('tests/test_docs.py',)),
     Mutant('recomputed_paired_with_one_seed', 'docs/results_recomputed.py',
-           "differences = [runs[(setting, a, k)]['val_loss'] - runs[(setting, b, k)]['val_loss'] for k in seeds]",
-           "differences = [runs[(setting, a, k)]['val_loss'] - runs[(setting, b, seeds[0])]['val_loss'] for k in seeds]",
+           "return [runs[(setting, a, k)]['val_loss'] - runs[(setting, b, k)]['val_loss'] for k in seeds]",
+           "return [runs[(setting, a, k)]['val_loss'] - runs[(setting, b, seeds[0])]['val_loss'] for k in seeds]",
            ('tests/test_docs.py',)),
     # the geometry study's walk file: each part against attention's P on the same seed, Holm per variant and part
     Mutant('walk_holm_over_both_parts', 'docs/results_recomputed.py',

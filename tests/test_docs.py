@@ -11,6 +11,7 @@ left alone: the pages use it in prose that defines the words too."""
 
 import math
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -285,7 +286,7 @@ def test_the_scales_table_holds_its_six_cells_in_one_holm_family_and_fits_every_
     holm = dict(zip(shifts, module.holm([t.p for t in tests.values()] * 2)))  # each cell twice: both corpora
     row = next(line for line in table.splitlines() if line.startswith('| small, the base (3 seeds) | 0.79M | '))
     assert f"| {module.signed(tests['small'].mean)} ± {tests['small'].sd:.4f} | Holm {module.p_text(holm['small'])}" in row
-    _, params = module.scales_fits(runs)
+    params = {size: p for size, p in zip(shifts, module.size_fits(runs, [f'wikitext2_char/{s}' for s in shifts])[3].values())}
     assert 0.09e6 < params['tiny'] < params['small'] < params['medium-x2'] < 3e6
     xs = [math.log10(params[size]) for size, ds in shifts.items() for _ in ds]
     slope, low, high, _, n = module.line_fit(xs, [d for ds in shifts.values() for d in ds])
@@ -293,6 +294,35 @@ def test_the_scales_table_holds_its_six_cells_in_one_holm_family_and_fits_every_
     assert bounds.startswith(f"at the tiny size (3 seeds) {module.ci(tests['tiny'])}, no gain larger than "
                              f"{-tests['tiny'].low:.4f}")
     assert medium == '(+0.0030, −0.0120, −0.0080)'
+
+
+def test_the_ladder_from_a_per_seed_file_gives_the_fits_its_stated_summaries_give():
+    """Seed pairs built to have each rung's stated mean and SD (ladder-l: its three stated differences): the table's
+    fits from the file, over the pairs and over the rung means weighted 1/SE², equal ladder_fits' from the summaries
+    alone, as does the weighted χ²; the rows are each rung's cell, Holm over the four."""
+    module = recomputed_module()
+    runs = {}
+    for name, _, mean, sd, n in module.ladder_rungs():
+        z = [k - (n - 1) / 2 for k in range(n)]
+        scale = statistics.stdev(z)
+        differences = list(module.LADDER_L[2]) if name == 'ladder-l' else [mean + sd * x / scale for x in z]
+        for k, d in enumerate(differences):
+            for variant, loss in (('attention', 2.0 + 0.01 * k), ('corridor', 2.0 + 0.01 * k + d)):
+                runs[(f'shakespeare_char/{name}', variant, k)] = dict(val_loss=loss, tokens='230400',
+                                                                       gamma_mean='-0.03', delta_mean='0.97')
+    table, unweighted, weighted, chi2_text = module.ladder_table(runs)
+    (slope, low, high, pairs), (w_slope, w_low, w_high, w_p, k), chi2 = module.ladder_fits()
+    assert unweighted.startswith(f"pre-registered, unweighted over seed pairs (the primary test) | {module.signed(slope)} "
+                                 f"[{module.signed(low)}, {module.signed(high)}]") and f'{pairs} pairs' in unweighted
+    assert weighted.startswith(f"precision-weighted (not named in advance) | {module.signed(w_slope)} "
+                               f"[{module.signed(w_low)}, {module.signed(w_high)}], p {w_p:.2f}")
+    assert chi2_text == f"weighted χ² {chi2:.1f} on {k - 2} df"
+    tests = [module.paired_test(module.seed_pairs(runs, f'shakespeare_char/{name}')) for name in module.RUNGS]
+    holm = module.holm([t.p for t in tests])
+    for name, t, p_holm in zip(module.RUNGS, tests, holm):
+        row = next(line for line in table.splitlines() if line.startswith(f'| {name} | '))
+        assert f" | {t.n} | {module.signed(t.mean, 5)} [" in row and f" | {module.p_text(p_holm)} | " in row
+    assert '| ladder-xs | 0.056M (2 × 48) | 0.23M (0.23) | 6 |' in table
 
 
 def test_a_claims_table_cell_says_holm_and_the_unadjusted_p_where_only_that_passes():
