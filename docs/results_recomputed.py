@@ -126,7 +126,7 @@ def per_seed_sections():
     out = []
     for path in sorted(glob.glob(os.path.join(PER_SEED, '*.csv'))):
         study = os.path.splitext(os.path.basename(path))[0]
-        if study.endswith('_walk'):  # a walk file (walk_section), not final losses
+        if study.endswith(('_walk', '_layers', '_frozen')):  # the walk (walk_section), per-layer, per-batch files
             continue
         runs = read_file(study)
         cells = per_seed_cells(study, runs)
@@ -425,6 +425,84 @@ def ladder_table(runs):
             f"weighted χ² {chi2:.1f} on {k - 2} df"]
 
 
+
+DYNAMICS_ROWS = {'corridor': 'corridor from γ0 = 0', 'corridor_spread': 'from γ0 ~ U(−0.5, 0.5)',
+                 'corridor_lr': 'corridor from γ0 = 0, operator_lr_mult 10',
+                 'corridor_spread_lr': 'from γ0 ~ U(−0.5, 0.5), operator_lr_mult 10'}
+DYNAMICS_SETTINGS = {'shakespeare_char/small-long': 'Tiny Shakespeare, 12,000 iterations',
+                     'wikitext2/small-1k': 'WikiText-2, GPT-2 BPE, 1,000 iterations'}
+
+
+def read_layers(study):
+    """{(setting, variant, seed): [one dict of floats per layer, in layer order]} of a study's per-layer file."""
+    runs = {}
+    with open(os.path.join(PER_SEED, f'{study}_layers.csv'), newline='') as f:
+        for r in csv.DictReader(f):
+            runs.setdefault((r['setting'], r['variant'], int(r['seed'])), []).append(
+                {k: float(v) for k, v in r.items() if k not in ('setting', 'variant', 'seed')})
+    return {key: sorted(layers, key=lambda layer: layer['layer']) for key, layers in runs.items()}
+
+
+def layer_summary(layers):
+    """One run's claim (b) numbers from its layers: the share strictly inside (−1 < γ < −0.05) per layer and over the
+    layers beyond the first, the mean γ of layer 0 and of the rest, γ's range, and the largest last-quarter range."""
+    rest = layers[1:] or layers
+    return dict(inside=[layer['inside_claim_b'] for layer in layers],
+                inside_rest=statistics.fmean(layer['inside_claim_b'] for layer in rest),
+                gamma0=layers[0]['gamma_mean'], gamma_rest=statistics.fmean(layer['gamma_mean'] for layer in rest),
+                low=min(layer['gamma_min'] for layer in layers), high=max(layer['gamma_max'] for layer in layers),
+                settling=max(layer['gamma_range_last_quarter'] for layer in layers))
+
+
+def percent(x):
+    return f"{100 * x:.0f} %"
+
+
+def gamma_dynamics_table(runs, layers=None):
+    """Claim (b)'s tables (per run: the share strictly inside by layer, γ̄ of layer 0 and of the rest, γ's range, the
+    last quarter's largest range, δ̄, the loss and its gap to attention on the same seed), and what the page quotes:
+    the primary test's shares, where the later layers settle, layer 0's contrast, the settling ranges, δ's range and
+    each learnable variant − attention (Holm across the settings, as the report forms the families)."""
+    layers = read_layers('gamma_dynamics') if layers is None else layers
+    tests = cell_tests('gamma_dynamics', runs, [(v, 'attention') for v in DYNAMICS_ROWS])
+    tables, summary = [], {}
+    for setting, name in DYNAMICS_SETTINGS.items():
+        out = [f"| {name} | seed | −1 < γ < −0.05, by layer | γ̄ layer 0 | γ̄ layers ≥ 1 | γ range | largest γ range "
+               "of one head, last quarter | δ̄ | val loss | val − attention |", '|' + '---|' * 10]
+        for variant, label in DYNAMICS_ROWS.items():
+            for i, seed in enumerate(sorted(k for s, v, k in runs if (s, v) == (setting, variant))):
+                run, attention = runs[(setting, variant, seed)], runs.get((setting, 'attention', seed))
+                cells = summary[(setting, variant, seed)] = layer_summary(layers[(setting, variant, seed)])
+                gap = signed(run['val_loss'] - attention['val_loss']) if attention else '–'
+                out.append(f"| {label if i == 0 else '…'} | {seed} | {' / '.join(map(percent, cells['inside']))} | "
+                           f"{signed(cells['gamma0'], 3)} | {signed(cells['gamma_rest'], 3)} | {signed(cells['low'], 2)} … "
+                           f"{signed(cells['high'], 2)} | {cells['settling']:.3f} | {float(run['delta_mean']):.2f} | "
+                           f"{run['val_loss']:.4f} | {gap} |")
+        if len(out) > 2:
+            tables.append('\n'.join(out))
+    long = 'shakespeare_char/small-long'
+
+    def of(variant, key):
+        return [c[key] for (s, v, _), c in summary.items() if (s, v) == (long, variant)]
+
+    def contrast(variant):  # layer 0's mean γ minus the later layers', one value per seed
+        t = paired_test([a - b for a, b in zip(of(variant, 'gamma0'), of(variant, 'gamma_rest'))])
+        return f"{signed(t.mean, 3)} [{signed(t.low, 3)}, {signed(t.high, 3)}], p {p_text(t.p)}"
+
+    settled = of('corridor', 'gamma_rest') + of('corridor_spread', 'gamma_rest')
+    deltas = [float(r['delta_mean']) for (s, v, _), r in runs.items() if s == long and v in DYNAMICS_ROWS]
+    gaps = [f"{DYNAMICS_ROWS[v]} − attention {ci(t)} ({t.n} seeds), Holm {p_text(p)}"
+            for (s, v, _), (t, p, _, _) in tests.items() if s == long and t.n > 1]
+    return [*tables,
+            f"{', '.join(map(percent, of('corridor', 'inside_rest')))} from γ0 = 0; "
+            f"{', '.join(map(percent, of('corridor_spread', 'inside_rest')))} from the spread start",
+            f"{signed(min(settled), 3)} to {signed(max(settled), 3)}",
+            f"{contrast('corridor')} from γ0 = 0 and {contrast('corridor_spread')} from the spread start",
+            f"{min(of('corridor', 'settling')):.3f}–{max(of('corridor', 'settling')):.3f} from γ0 = 0, "
+            f"{min(of('corridor_spread', 'settling')):.3f}–{max(of('corridor_spread', 'settling')):.3f} from the spread start",
+            f"{min(deltas):.2f}–{max(deltas):.2f}", '; '.join(gaps)]
+
+
 # ------------------------------------------------------------------------------------------------ the walk file
 # the geometry study's per_seed_walk.csv: each run's walk diagnostic per depth regime at the final evaluation, for the
 # attention part P and the full operator (lab/study_figures.py's geometry_figures writes it)
@@ -528,7 +606,7 @@ def geometry_quotes(walk):
 TABLES = {'claims': claims_table, 'fixed_gamma': fixed_gamma_table, 'replication': replication_quotes,
           'fixed_gamma_powered': fixed_gamma_powered_table, 'corridor_settled_pilot': corridor_settled_pilot_table,
           'corridor_settled': corridor_settled_table, 'geometry_walk': geometry_quotes, 'scales': scales_table,
-          'ladder': ladder_table}
+          'ladder': ladder_table, 'gamma_dynamics': gamma_dynamics_table}
 
 
 def planned_runs(study, runs):

@@ -394,7 +394,8 @@ def pretrained_figures(results, out, tests, study):
     """A frozen pretrained model given the operator, the paper's four claims as cells (PRETRAINED_CELLS, paired by
     seed at the final evaluation), and the frozen model's fixed-γ curve at δ = 1 (frozen_gamma_losses: per batch,
     paired with γ = 0 by batch), all in one Holm family; per run where γ ends, how far it still moves in the last
-    quarter, and the wall time; a figure of every cell and the curve, and one of γ per layer and over training."""
+    quarter, and the wall time; a figure of every cell and the curve, and one of γ per layer and over training. The
+    curve's per-batch losses go to per_batch_frozen.csv (setting, γ, batch, val loss)."""
     lines = ["### The claims at this scale: one Holm family", '',
              "Trained cells: final val loss, paired by seed ('frozen': the run's own evaluation at iteration 0, where "
              "γ = 0, δ = 1 computes the pretrained model on the same batches). Frozen cells: the pretrained model with "
@@ -470,6 +471,11 @@ def pretrained_figures(results, out, tests, study):
             plot_pretrained_cells(setting, {}, (setting, saved, frozen),
                                   os.path.join(out, f"pretrained_claims_{setting.replace('/', '_')}.png"))
             images += [f"![the frozen fixed-γ curve, {setting}](pretrained_claims_{setting.replace('/', '_')}.png)", '']
+    with atomic_write(os.path.join(out, 'per_batch_frozen.csv')) as f:  # the frozen cells' numbers, for docs/per_seed/
+        writer = csv.writer(f, lineterminator='\n')
+        writer.writerow(('setting', 'gamma', 'batch', 'val_loss'))
+        writer.writerows((setting, f'{float(gamma):+g}', batch, repr(loss)) for setting, saved, _ in curves
+                         for gamma, losses in saved['losses'].items() for batch, loss in enumerate(losses))
     frozen_lines = []
     for setting, saved, frozen in curves:
         identity = saved['identity']

@@ -325,6 +325,38 @@ def test_the_ladder_from_a_per_seed_file_gives_the_fits_its_stated_summaries_giv
     assert '| ladder-xs | 0.056M (2 × 48) | 0.23M (0.23) | 6 |' in table
 
 
+def test_claim_bs_tables_read_each_runs_layers_and_pair_its_loss_with_attentions_seed():
+    """Three seeds of two starts and of attention, one of the rest; four layers a run, layer 0 at γ̄ −0.05 with half its
+    heads strictly inside, the others at −0.2 − 0.01·seed, all inside: the table's per-layer shares and means, the
+    quoted primary shares, layer 0's contrast over seeds, where the later layers settle, and each start − attention
+    paired by seed (its family: one comparison across the two settings, the one-seed BPE pair without a p)."""
+    module = recomputed_module()
+    long, bpe = 'shakespeare_char/small-long', 'wikitext2/small-1k'
+    keys = [(long, v, k) for v in ('attention', 'corridor', 'corridor_spread') for k in range(3)]
+    keys += [(long, 'corridor_lr', 0), (long, 'corridor_spread_lr', 0), (bpe, 'attention', 0), (bpe, 'corridor', 0)]
+    shift = {'attention': 0.0, 'corridor': -0.002, 'corridor_spread': 0.004, 'corridor_lr': 0.01, 'corridor_spread_lr': 0.02}
+    runs = {(s, v, k): dict(val_loss=1.6 + 0.01 * k + shift[v] + 0.001 * k * (v == 'corridor'), delta_mean='0.5',
+                            gamma_mean='-0.15') for s, v, k in keys}
+    layers = {(s, v, k): [dict(layer=0.0, gamma_mean=-0.05, gamma_min=-0.3, gamma_max=0.1, inside_claim_b=0.5,
+                               gamma_range_last_quarter=0.01 + 0.001 * k)]
+              + [dict(layer=float(i), gamma_mean=-0.2 - 0.01 * k, gamma_min=-0.35, gamma_max=-0.1, inside_claim_b=1.0,
+                      gamma_range_last_quarter=0.005) for i in (1, 2, 3)]
+              for s, v, k in keys if v != 'attention'}
+    long_table, bpe_table, primary, settled, contrast, settling, deltas, gaps = module.gamma_dynamics_table(runs, layers)
+    assert '| corridor from γ0 = 0 | 0 | 50 % / 100 % / 100 % / 100 % | −0.050 | −0.200 | −0.35 … +0.10 | 0.010 | 0.50 | ' \
+           '1.5980 | −0.0020 |' in long_table
+    assert '| … | 2 | 50 % / 100 % / 100 % / 100 % | −0.050 | −0.220 | ' in long_table
+    assert bpe_table.splitlines()[2].startswith('| corridor from γ0 = 0 | 0 | ') and len(bpe_table.splitlines()) == 3
+    assert primary == '100 %, 100 %, 100 % from γ0 = 0; 100 %, 100 %, 100 % from the spread start'
+    assert settled == '−0.220 to −0.200' and settling == '0.010–0.012 from γ0 = 0, 0.010–0.012 from the spread start'
+    t = module.paired_test([0.15, 0.16, 0.17])
+    assert contrast.startswith(f"{module.signed(t.mean, 3)} [{module.signed(t.low, 3)}, {module.signed(t.high, 3)}], p ")
+    corridor = module.paired_test([-0.002, -0.001, 0.0])
+    assert gaps.startswith(f"corridor from γ0 = 0 − attention {module.ci(corridor)} (3 seeds), Holm "
+                           f"{module.p_text(corridor.p)}; from γ0 ~ U(−0.5, 0.5) − attention ")
+    assert deltas == '0.50–0.50'
+
+
 def test_a_claims_table_cell_says_holm_and_the_unadjusted_p_where_only_that_passes():
     module = recomputed_module()
     lower, weak = module.summary_test(-0.0031, 0.0006, 3), module.summary_test(-0.0031, 0.0011, 3)

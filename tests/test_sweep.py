@@ -330,10 +330,11 @@ def test_the_settled_corridor_study_reports_its_named_tests_and_publishes_every_
     rows = (out / 'per_seed.csv').read_text().splitlines()
     assert rows[0] == ','.join(reports.PER_SEED_FIELDS) and len(rows) == 1 + 2 * 4 * 2
     for row in rows[1:]:
-        setting, variant, seed, _, _, val_loss, gamma, delta, _, change = row.split(',')
+        setting, variant, seed, _, _, val_loss, gamma, delta, _, change, at_start = row.split(',')
         log = [json.loads(line) for line in (tmp_path / setting / f'{variant}-s{seed}' / 'log.jsonl').read_text().splitlines()]
         final = log[-1]
-        assert float(val_loss) == final['val_loss']  # exact
+        assert float(val_loss) == final['val_loss'] and float(at_start) == log[0]['val_loss']  # exact
+        assert log[0]['iter'] == 0
         assert float(gamma) == pytest.approx(statistics.fmean(g for layer in final['gamma'] for g in layer), abs=1e-6)
         assert float(delta) == pytest.approx(statistics.fmean(d for layer in final['delta'] for d in layer), abs=1e-6)
         # the mean γ's move over the last quarter: last evaluation minus the one three quarters of the way
@@ -880,6 +881,9 @@ def test_the_pretrained_report_has_every_claim_and_the_frozen_curve_in_one_holm_
     assert f"| -0.1 | {statistics.fmean(curve['-0.1']):.4f} | {se_curve:.4f} | -0.0275 [" in text
     assert '| +0 | 3.0325 | ' in text and '| 2.0 min |' in text
     assert (out / 'pretrained_claims_wikitext2_smollm2-135m_operator.png').stat().st_size > 1000
+    rows = (out / 'per_batch_frozen.csv').read_text().splitlines()  # the curve's numbers, batch by batch, exact
+    assert rows[0] == 'setting,gamma,batch,val_loss' and len(rows) == 1 + 3 * 4
+    assert f'{setting},-0.1,1,3.05' in rows and f'{setting},+0,3,3.01' in rows
 
     # no run finished yet: the frozen curve alone (report() asks for no run in this study)
     tests = stats.Tests()
