@@ -21,6 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import atomic_write  # noqa: E402
 from lab.reports import family  # noqa: E402  (the studies' Holm families, as their reports form them)
+from lab.study_figures import PRETRAINED_CELLS  # noqa: E402  (the 135M study's cells, as its report tests them)
 from lab.studies import STUDIES, millions, non_embedding_params, parse_variant, setting_config  # noqa: E402
 from lab.stats import (fmt_p, holm, line_fit, paired_test, summary_test, t_quantile, verdict,  # noqa: E402
                        weighted_line_fit)
@@ -503,6 +504,87 @@ def gamma_dynamics_table(runs, layers=None):
             f"{min(deltas):.2f}–{max(deltas):.2f}", '; '.join(gaps)]
 
 
+
+PRETRAINED = 'wikitext2_smollm2-135m/operator'
+PRETRAINED_NAMES = {'corridor': 'corridor', 'gamma_nonneg': 'γ ≥ 0', 'delta_only': 'δ only', 'frozen': 'frozen model',
+                    'alpha': 'α0·I + α1·P', 'alpha_beta': 'αP + β(I − P)'}
+
+
+def read_frozen(study):
+    """{γ: [val loss per evaluation batch]} of a study's per-batch frozen file (NAME_frozen.csv), batches in order."""
+    curve = {}
+    with open(os.path.join(PER_SEED, f'{study}_frozen.csv'), newline='') as f:
+        for r in sorted(csv.DictReader(f), key=lambda r: int(r['batch'])):
+            curve.setdefault(float(r['gamma']), []).append(float(r['val_loss']))
+    return curve
+
+
+def report_cell(t, p_holm):
+    """'+0.213 [+0.200, +0.225], p < 0.001, Holm < 0.001, MDE 0.018: **higher**': a test as the reports write it."""
+    words = verdict(t, p_holm)
+    return (f"{t.mean:+#.3g} [{t.low:+#.3g}, {t.high:+#.3g}], p {p_text(t.p)}, Holm {p_text(p_holm)}, MDE {t.mde:.2g}: "
+            + (f"**{words}**" if words in ('lower', 'higher') else words)).replace('-', '−')
+
+
+def pretrained_tables(runs, layers=None, frozen=None):
+    """The 135M study's tables: the frozen model's fixed-γ curve (each γ − (γ = 0) paired by evaluation batch), the
+    trained cells (lab.study_figures.PRETRAINED_CELLS, paired by seed; 'frozen': each run's own iteration-0 loss),
+    all in one Holm family as the report forms it, and where γ ends per run; then each trained cell's CI and Holm p
+    as the pages quote them."""
+    layers = read_layers('pretrained') if layers is None else layers
+    frozen = read_frozen('pretrained') if frozen is None else frozen
+    variants = {v.split('=')[0]: v for (s, v, _) in runs if s == PRETRAINED}  # fixed_gamma_delta: whichever γ it is
+
+    def loss(variant, seed):
+        return runs[(PRETRAINED, variant, seed)]['val_loss']
+
+    trained = {}
+    for claim, a, b in PRETRAINED_CELLS:
+        a, b = variants.get(a, a), variants.get(b, b)
+        seeds = sorted(k for s, v, k in runs if (s, v) == (PRETRAINED, a) and (b == 'frozen' or (s, b, k) in runs))
+        differences = [loss(a, k) - (float(runs[(PRETRAINED, a, k)]['val_loss_at_start']) if b == 'frozen' else loss(b, k))
+                       for k in seeds]
+        if len(differences) > 1:
+            trained[(claim, a, b)] = (paired_test(differences), differences)
+    curve = {g: paired_test([x - y for x, y in zip(values, frozen[0.0])]) for g, values in frozen.items() if g != 0.0}
+    tests = {**{key: t for key, (t, _) in trained.items()}, **curve}
+    adjusted = dict(zip(tests, holm([t.p for t in tests.values()])))  # one family: every cell of the study
+    m = len(tests)
+    out = [f"| fixed γ (δ = 1) | val loss | SE ({len(frozen[0.0])} batches) | − γ = 0, paired by batch: mean [95 % CI], "
+           f"p, Holm p (all {m} of the study), MDE | batches lower than γ = 0 |", '|---|---|---|---|---|']
+    for gamma, values in sorted(frozen.items()):
+        se = statistics.stdev(values) / math.sqrt(len(values))
+        if gamma == 0.0:
+            out.append(f"| 0 (the pretrained model) | {statistics.fmean(values):.4f} | {se:.3f} | – | – |")
+        else:
+            lower = sum(x < y for x, y in zip(values, frozen[0.0]))
+            out.append(f"| {signed(gamma, 2).rstrip('0')} | {statistics.fmean(values):.4f} | {se:.3f} | "
+                       f"{report_cell(curve[gamma], adjusted[gamma])} | {lower} of {len(values)} |")
+    cells = [f"| claim | cell | seeds | mean [95 % CI], unadjusted p, Holm p (all {m}), MDE | per seed |",
+             '|---|---|---|---|---|']
+    for (claim, a, b), (t, differences) in trained.items():
+        name_a = PRETRAINED_NAMES.get(a) or f"fixed γ = {signed(parse_variant(a)[1]['gamma_init'], 2)} with δ learned"
+        cells.append(f"| {claim} | {name_a} − {PRETRAINED_NAMES.get(b, b)} | {t.n} | {report_cell(t, adjusted[(claim, a, b)])} | "
+                     + ', '.join(signed(d) for d in differences) + ' |')
+    per_run = ["| variant | seed | frozen → final val loss | γ̄ [min, max] | −1 < γ < 0 | −1 < γ < −0.05 | heads above 0 "
+               "(held at 0) | largest γ range in the last quarter | wall time |", '|' + '---|' * 9]
+    for (s, v, k), r in sorted(runs.items(), key=lambda item: (list(variants.values()).index(item[0][1]), item[0][2])):
+        heads = layers[(s, v, k)]
+        n = sum(layer['heads'] for layer in heads)
+
+        def share(key):
+            return sum(layer[key] * layer['heads'] for layer in heads) / n
+        low, high = min(layer['gamma_min'] for layer in heads), max(layer['gamma_max'] for layer in heads)
+        seconds = f"{float(r['seconds']) / 60:.0f} min" if r['seconds'] else '–'
+        per_run.append(f"| {PRETRAINED_NAMES.get(v, v)} | {k} | {float(r['val_loss_at_start']):.4f} → {r['val_loss']:.4f} | "
+                       f"{signed(float(r['gamma_mean']), 3)} [{signed(low, 2)}, {signed(high, 2)}] | "
+                       f"{percent(share('in_corridor'))} | {percent(share('inside_claim_b'))} | "
+                       f"{round(share('above_zero') * n)} ({round(share('at_zero') * n)}) | "
+                       f"{max(layer['gamma_range_last_quarter'] for layer in heads):.3f} | {seconds} |")
+    return ['\n'.join(out), '\n'.join(cells), '\n'.join(per_run),
+            *(f"{ci(t)} (Holm {p_text(adjusted[key])})" for key, (t, _) in trained.items())]
+
+
 # ------------------------------------------------------------------------------------------------ the walk file
 # the geometry study's per_seed_walk.csv: each run's walk diagnostic per depth regime at the final evaluation, for the
 # attention part P and the full operator (lab/study_figures.py's geometry_figures writes it)
@@ -606,7 +688,7 @@ def geometry_quotes(walk):
 TABLES = {'claims': claims_table, 'fixed_gamma': fixed_gamma_table, 'replication': replication_quotes,
           'fixed_gamma_powered': fixed_gamma_powered_table, 'corridor_settled_pilot': corridor_settled_pilot_table,
           'corridor_settled': corridor_settled_table, 'geometry_walk': geometry_quotes, 'scales': scales_table,
-          'ladder': ladder_table, 'gamma_dynamics': gamma_dynamics_table}
+          'ladder': ladder_table, 'gamma_dynamics': gamma_dynamics_table, 'pretrained': pretrained_tables}
 
 
 def planned_runs(study, runs):

@@ -357,6 +357,41 @@ def test_claim_bs_tables_read_each_runs_layers_and_pair_its_loss_with_attentions
     assert deltas == '0.50–0.50'
 
 
+def test_the_135m_tables_hold_every_cell_in_one_holm_family_trained_by_seed_frozen_by_batch():
+    """Four seeds of five variants (αP + β(I − P) not trained: no cell) and a frozen curve of three γ over 4 batches:
+    each trained cell paired by seed ('frozen': each run's own iteration-0 loss), each γ − (γ = 0) by batch, Holm
+    over all 8 together, as the report forms the family; per run, frozen → final and the heads' shares."""
+    module = recomputed_module()
+    setting, start = module.PRETRAINED, [3.0, 3.2, 3.1, 3.3]
+    finals = {'corridor': [2.90, 3.08, 3.01, 3.18], 'delta_only': [2.95, 3.12, 3.03, 3.24],
+              'gamma_nonneg': [2.93, 3.10, 3.04, 3.20], 'fixed_gamma_delta=-0.05': [2.94, 3.11, 3.02, 3.22],
+              'alpha': [2.91, 3.07, 3.02, 3.17]}
+    runs = {(setting, v, k): dict(val_loss=x, val_loss_at_start=repr(start[k]), gamma_mean='-0.02', delta_mean='0.9',
+                                  seconds='600.0') for v, xs in finals.items() for k, x in enumerate(xs)}
+    layer = dict(layer=0.0, gamma_min=-0.2, gamma_max=0.1, in_corridor=0.5, inside_claim_b=0.25,
+                 gamma_range_last_quarter=0.01, heads=4.0, above_zero=0.25, at_zero=0.0)
+    layers = {key: [layer, {**layer, 'layer': 1.0, 'in_corridor': 1.0}] for key in runs}
+    curve = {-0.1: [2.98, 3.05, 3.00, 2.99], 0.0: [3.00, 3.10, 3.02, 3.01], 0.05: [3.01, 3.12, 3.02, 3.03]}
+    frozen_table, cells, per_run, *quotes = module.pretrained_tables(runs, layers, curve)
+
+    def diffs(a, b):
+        return [x - y for x, y in zip(finals[a], finals[b] if b in finals else start)]
+    pairs = [diffs('corridor', 'delta_only'), diffs('corridor', 'frozen'), diffs('delta_only', 'frozen'),
+             diffs('gamma_nonneg', 'corridor'), diffs('fixed_gamma_delta=-0.05', 'delta_only'), diffs('alpha', 'corridor'),
+             [x - y for x, y in zip(curve[-0.1], curve[0.0])], [x - y for x, y in zip(curve[0.05], curve[0.0])]]
+    tests = [module.paired_test(d) for d in pairs]
+    holm = module.holm([t.p for t in tests])
+    assert len(quotes) == 6 and quotes[3] == f"{module.ci(tests[3])} (Holm {module.p_text(holm[3])})"
+    row = next(line for line in cells.splitlines() if line.startswith('| (c) | γ ≥ 0 − corridor | 4 | +0.0250 ['))
+    assert f"Holm {module.p_text(holm[3])}".replace('-', '−') in row and row.endswith('| +0.0300, +0.0200, +0.0300, +0.0200 |')
+    assert '| (d), δ learned | fixed γ = −0.05 with δ learned − δ only | 4 | ' in cells and 'alpha_beta' not in cells
+    assert 'Holm p (all 8 of the study)' in frozen_table
+    row = next(line for line in frozen_table.splitlines() if line.startswith('| −0.1 | '))
+    assert row.startswith(f"| −0.1 | {statistics.fmean(curve[-0.1]):.4f} | ") and row.endswith('| 4 of 4 |')
+    assert f"Holm {module.p_text(holm[6])}" in row
+    assert '| corridor | 0 | 3.0000 → 2.9000 | −0.020 [−0.20, +0.10] | 75 % | 25 % | 2 (0) | 0.010 | 10 min |' in per_run
+
+
 def test_a_claims_table_cell_says_holm_and_the_unadjusted_p_where_only_that_passes():
     module = recomputed_module()
     lower, weak = module.summary_test(-0.0031, 0.0006, 3), module.summary_test(-0.0031, 0.0011, 3)
