@@ -21,8 +21,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import atomic_write  # noqa: E402
 from lab.reports import family  # noqa: E402  (the studies' Holm families, as their reports form them)
-from lab.study_figures import PRETRAINED_CELLS  # noqa: E402  (the 135M study's cells, as its report tests them)
-from lab.studies import STUDIES, millions, non_embedding_params, parse_variant, setting_config  # noqa: E402
+from lab.study_figures import PRETRAINED_CELLS, pretrained_variant  # noqa: E402  (the 135M study's cells, as its report)
+from lab.studies import LADDER_SIZES, STUDIES, millions, non_embedding_params, parse_variant, setting_config  # noqa: E402
 from lab.stats import (fmt_p, holm, line_fit, paired_test, summary_test, t_quantile, verdict,  # noqa: E402
                        weighted_line_fit)
 
@@ -98,7 +98,7 @@ def cell_tests(study, runs, pairs):
     return {k: (t, *adjusted[k], below) for k, (t, below) in tests.items()}
 
 
-def seed_pairs(runs, setting, a='corridor', b='attention'):
+def seed_pairs(runs, setting, a, b):
     """a − b's final val losses in one setting, paired by seed, in seed order (the seeds both have)."""
     seeds = sorted(k for s, v, k in runs if (s, v) == (setting, a) and (setting, b, k) in runs)
     return [runs[(setting, a, k)]['val_loss'] - runs[(setting, b, k)]['val_loss'] for k in seeds]
@@ -337,29 +337,33 @@ def corridor_settled_pilot_table(runs):
     return ['\n'.join(out)]
 
 
-
 SIZES = {'tiny': 'tiny', 'small': 'small, the base', 'medium-x2': 'medium-x2'}  # the scales study's, smallest first
 
 
 def size_fits(runs, settings):
     """corridor − attention against log10(non-embedding parameters) over sizes (settings; each's parameters those of
-    its corridor runs, as the report counts them, from lab.studies): (the unweighted fit, least squares over every seed pair: line_fit; the precision-weighted one of
-    the sizes' means, weights 1/SE²: weighted_line_fit; its weighted χ² about that line, about k − 2 if the means
-    scatter only as their SEs say; {setting: parameters})."""
+    its corridor runs, as the report counts them): (the unweighted fit, least squares over every seed pair, line_fit;
+    the precision-weighted one of the sizes' means, weights 1/SE², weighted_line_fit; its weighted χ² (weighted_chi2);
+    {setting: parameters})."""
     params = {s: non_embedding_params({**setting_config(s), **parse_variant('corridor')[1]}) for s in settings}
-    pairs = {s: seed_pairs(runs, s) for s in settings}
+    pairs = {s: seed_pairs(runs, s, 'corridor', 'attention') for s in settings}
     xs = {s: math.log10(params[s]) for s in settings}
     unweighted = line_fit([xs[s] for s in settings for _ in pairs[s]], [d for s in settings for d in pairs[s]])
     tests = {s: paired_test(pairs[s]) for s in settings if len(pairs[s]) > 1}
     weights = {s: t.n / t.sd ** 2 if t.sd > 0 else math.inf for s, t in tests.items()}  # 1/SE²
     weighted = weighted_line_fit([xs[s] for s in tests], [t.mean for t in tests.values()],
                                  [w ** -0.5 for w in weights.values()])
-    chi2 = float('nan')
-    if math.isfinite(weighted[0]):
-        x_bar, y_bar = (sum(weights[s] * v for s, v in values.items()) / sum(weights.values())
-                        for values in ({s: xs[s] for s in tests}, {s: t.mean for s, t in tests.items()}))
-        chi2 = sum(weights[s] * (t.mean - y_bar - weighted[0] * (xs[s] - x_bar)) ** 2 for s, t in tests.items())
+    chi2 = weighted_chi2([xs[s] for s in tests], [t.mean for t in tests.values()], list(weights.values()), weighted[0])
     return unweighted, weighted, chi2, params
+
+
+def weighted_chi2(xs, means, weights, slope):
+    """Σ w·(mean − the weighted line)² of means about the line of that slope through their weighted centre: about
+    k − 2 if the means scatter only as their SEs (weights 1/SE²) say; NaN where the fit is."""
+    if not math.isfinite(slope):
+        return float('nan')
+    x_bar, y_bar = (sum(w * v for w, v in zip(weights, values)) / sum(weights) for values in (xs, means))
+    return sum(w * (m - y_bar - slope * (x - x_bar)) ** 2 for w, x, m in zip(weights, xs, means))
 
 
 def scales_table(runs):
@@ -387,7 +391,7 @@ def scales_table(runs):
         t = tests[(setting, 'corridor', 'attention')][0]
         return f"{ci(t)}, no gain larger than {max(0.0, -t.low):.4f} (MDE {t.mde:.4f})"
 
-    pairs = seed_pairs(runs, 'shakespeare_char/medium-x2')
+    pairs = seed_pairs(runs, 'shakespeare_char/medium-x2', 'corridor', 'attention')
     return ['\n'.join(out),
             ' and '.join(f"{signed(slope)} per tenfold [{signed(low)}, {signed(high)}] on {CORPORA[corpus]}"
                          for corpus, ((slope, low, high, _, _), *_) in fits.items()),
@@ -396,8 +400,7 @@ def scales_table(runs):
             '(' + ', '.join(signed(d) for d in pairs) + ')']
 
 
-
-RUNGS = ('ladder-xs', 'ladder-s', 'ladder-m', 'ladder-l')  # the ladder's sizes (lab.studies.LADDER_SIZES), smallest first
+RUNGS = tuple(LADDER_SIZES)  # the ladder's sizes, smallest first
 SHAKESPEARE_TRAIN_CHARS = 1_003_854  # prepare.py's train split of Tiny Shakespeare: a run's tokens over it are epochs
 
 
@@ -426,7 +429,6 @@ def ladder_table(runs):
             f"weighted χ² {chi2:.1f} on {k - 2} df"]
 
 
-
 DYNAMICS_ROWS = {'corridor': 'corridor from γ0 = 0', 'corridor_spread': 'from γ0 ~ U(−0.5, 0.5)',
                  'corridor_lr': 'corridor from γ0 = 0, operator_lr_mult 10',
                  'corridor_spread_lr': 'from γ0 ~ U(−0.5, 0.5), operator_lr_mult 10'}
@@ -444,13 +446,18 @@ def read_layers(study):
     return {key: sorted(layers, key=lambda layer: layer['layer']) for key, layers in runs.items()}
 
 
+def over_heads(layers, key):
+    """A per-layer share or mean of the per-layer file over every head of those layers (each layer weighs its heads)."""
+    return sum(layer[key] * layer['heads'] for layer in layers) / sum(layer['heads'] for layer in layers)
+
+
 def layer_summary(layers):
     """One run's claim (b) numbers from its layers: the share strictly inside (−1 < γ < −0.05) per layer and over the
-    layers beyond the first, the mean γ of layer 0 and of the rest, γ's range, and the largest last-quarter range."""
-    rest = layers[1:] or layers
-    return dict(inside=[layer['inside_claim_b'] for layer in layers],
-                inside_rest=statistics.fmean(layer['inside_claim_b'] for layer in rest),
-                gamma0=layers[0]['gamma_mean'], gamma_rest=statistics.fmean(layer['gamma_mean'] for layer in rest),
+    heads beyond the first layer, the mean γ of layer 0 and of the later layers' heads, γ's range, and the largest
+    last-quarter range of one head."""
+    rest = layers[1:]
+    return dict(inside=[layer['inside_claim_b'] for layer in layers], inside_rest=over_heads(rest, 'inside_claim_b'),
+                gamma0=layers[0]['gamma_mean'], gamma_rest=over_heads(rest, 'gamma_mean'),
                 low=min(layer['gamma_min'] for layer in layers), high=max(layer['gamma_max'] for layer in layers),
                 settling=max(layer['gamma_range_last_quarter'] for layer in layers))
 
@@ -504,26 +511,39 @@ def gamma_dynamics_table(runs, layers=None):
             f"{min(deltas):.2f}–{max(deltas):.2f}", '; '.join(gaps)]
 
 
-
 PRETRAINED = 'wikitext2_smollm2-135m/operator'
-PRETRAINED_NAMES = {'corridor': 'corridor', 'gamma_nonneg': 'γ ≥ 0', 'delta_only': 'δ only', 'frozen': 'frozen model',
-                    'alpha': 'α0·I + α1·P', 'alpha_beta': 'αP + β(I − P)'}
+PRETRAINED_NAMES = {'corridor': 'corridor', 'gamma_nonneg': 'γ ≥ 0', 'delta_only': 'δ only',
+                    'fixed_gamma_delta': 'fixed γ = {} with δ learned', 'alpha': 'α0·I + α1·P',
+                    'alpha_beta': 'αP + β(I − P)', 'frozen': 'frozen model'}  # the pages' names, in the pages' order
 
 
-def read_frozen(study):
-    """{γ: [val loss per evaluation batch]} of a study's per-batch frozen file (NAME_frozen.csv), batches in order."""
+def pretrained_name(variant):
+    name, keys = parse_variant(variant) if variant != 'frozen' else (variant, {})
+    return PRETRAINED_NAMES[name.split('=')[0]].format(signed(keys.get('gamma_init', 0.0), 2))
+
+
+def read_frozen(study, setting):
+    """{γ: [val loss per evaluation batch]} of one setting in a study's per-batch frozen file (NAME_frozen.csv)."""
     curve = {}
     with open(os.path.join(PER_SEED, f'{study}_frozen.csv'), newline='') as f:
         for r in sorted(csv.DictReader(f), key=lambda r: int(r['batch'])):
-            curve.setdefault(float(r['gamma']), []).append(float(r['val_loss']))
+            if r['setting'] == setting:
+                curve.setdefault(float(r['gamma']), []).append(float(r['val_loss']))
     return curve
 
 
+def sig3(x, like):
+    """x with the decimals that give `like` (a test's mean) three significant digits, at most five: +3.29, +0.213,
+    −0.0358."""
+    digits = min(5, max(0, 2 - math.floor(math.log10(abs(like))))) if like else 4
+    return signed(x, digits)
+
+
 def report_cell(t, p_holm):
-    """'+0.213 [+0.200, +0.225], p < 0.001, Holm < 0.001, MDE 0.018: **higher**': a test as the reports write it."""
+    """'+0.213 [+0.200, +0.225], p < 0.001, Holm < 0.001, MDE 0.018: **higher**': a test as the 135M page writes it."""
     words = verdict(t, p_holm)
-    return (f"{t.mean:+#.3g} [{t.low:+#.3g}, {t.high:+#.3g}], p {p_text(t.p)}, Holm {p_text(p_holm)}, MDE {t.mde:.2g}: "
-            + (f"**{words}**" if words in ('lower', 'higher') else words)).replace('-', '−')
+    return (f"{sig3(t.mean, t.mean)} [{sig3(t.low, t.mean)}, {sig3(t.high, t.mean)}], p {p_text(t.p)}, Holm "
+            f"{p_text(p_holm)}, MDE {t.mde:#.2g}: " + (f"**{words}**" if words in ('lower', 'higher') else words))
 
 
 def pretrained_tables(runs, layers=None, frozen=None):
@@ -531,58 +551,64 @@ def pretrained_tables(runs, layers=None, frozen=None):
     trained cells (lab.study_figures.PRETRAINED_CELLS, paired by seed; 'frozen': each run's own iteration-0 loss),
     all in one Holm family as the report forms it, and where γ ends per run; then each trained cell's CI and Holm p
     as the pages quote them."""
+    runs = {key: r for key, r in runs.items() if key[0] == PRETRAINED}
     layers = read_layers('pretrained') if layers is None else layers
-    frozen = read_frozen('pretrained') if frozen is None else frozen
-    variants = {v.split('=')[0]: v for (s, v, _) in runs if s == PRETRAINED}  # fixed_gamma_delta: whichever γ it is
+    frozen = read_frozen('pretrained', PRETRAINED) if frozen is None else frozen
+    in_file = dict.fromkeys(v for _, v, _ in runs)
 
-    def loss(variant, seed):
+    def final(variant, seed):
         return runs[(PRETRAINED, variant, seed)]['val_loss']
+
+    def at_start(variant, seed):
+        start = runs[(PRETRAINED, variant, seed)]['val_loss_at_start']
+        if not start:
+            raise ValueError(f"{variant} seed {seed} has no iteration-0 loss in the per-seed file")
+        return float(start)
 
     trained = {}
     for claim, a, b in PRETRAINED_CELLS:
-        a, b = variants.get(a, a), variants.get(b, b)
-        seeds = sorted(k for s, v, k in runs if (s, v) == (PRETRAINED, a) and (b == 'frozen' or (s, b, k) in runs))
-        differences = [loss(a, k) - (float(runs[(PRETRAINED, a, k)]['val_loss_at_start']) if b == 'frozen' else loss(b, k))
-                       for k in seeds]
+        a, b = pretrained_variant(in_file, a), pretrained_variant(in_file, b)
+        if b == 'frozen':
+            differences = [final(a, k) - at_start(a, k) for k in sorted(k for _, v, k in runs if v == a)]
+        else:
+            differences = seed_pairs(runs, PRETRAINED, a, b)
         if len(differences) > 1:
             trained[(claim, a, b)] = (paired_test(differences), differences)
-    curve = {g: paired_test([x - y for x, y in zip(values, frozen[0.0])]) for g, values in frozen.items() if g != 0.0}
+    base = frozen.get(0.0)  # the pretrained model itself: without it there is no frozen cell
+    curve = {g: paired_test([x - y for x, y in zip(values, base)]) for g, values in frozen.items() if base and g}
     tests = {**{key: t for key, (t, _) in trained.items()}, **curve}
-    adjusted = dict(zip(tests, holm([t.p for t in tests.values()])))  # one family: every cell of the study
-    m = len(tests)
-    out = [f"| fixed γ (δ = 1) | val loss | SE ({len(frozen[0.0])} batches) | − γ = 0, paired by batch: mean [95 % CI], "
-           f"p, Holm p (all {m} of the study), MDE | batches lower than γ = 0 |", '|---|---|---|---|---|']
+    adjusted = holm_within(tests, lambda key: 'every cell of the study')  # the report's one family
+    m = next(iter(adjusted.values()), (0, 0))[1]
+    out = [f"| fixed γ (δ = 1) | val loss | SE ({len(base or ())} batches) | − γ = 0, paired by batch: mean [95 % CI], p, "
+           f"Holm p (all {m} of the study), MDE | batches lower than γ = 0 |", '|---|---|---|---|---|']
     for gamma, values in sorted(frozen.items()):
-        se = statistics.stdev(values) / math.sqrt(len(values))
-        if gamma == 0.0:
-            out.append(f"| 0 (the pretrained model) | {statistics.fmean(values):.4f} | {se:.3f} | – | – |")
+        head = (f"| {'0 (the pretrained model)' if gamma == 0 else signed(gamma, 2).rstrip('0')} | "
+                f"{statistics.fmean(values):.4f} | {statistics.stdev(values) / math.sqrt(len(values)):.3f} | ")
+        if gamma in curve:
+            lower = sum(x < y for x, y in zip(values, base))
+            out.append(head + f"{report_cell(curve[gamma], adjusted[gamma][0])} | {lower} of {len(values)} |")
         else:
-            lower = sum(x < y for x, y in zip(values, frozen[0.0]))
-            out.append(f"| {signed(gamma, 2).rstrip('0')} | {statistics.fmean(values):.4f} | {se:.3f} | "
-                       f"{report_cell(curve[gamma], adjusted[gamma])} | {lower} of {len(values)} |")
+            out.append(head + "– | – |")
     cells = [f"| claim | cell | seeds | mean [95 % CI], unadjusted p, Holm p (all {m}), MDE | per seed |",
              '|---|---|---|---|---|']
     for (claim, a, b), (t, differences) in trained.items():
-        name_a = PRETRAINED_NAMES.get(a) or f"fixed γ = {signed(parse_variant(a)[1]['gamma_init'], 2)} with δ learned"
-        cells.append(f"| {claim} | {name_a} − {PRETRAINED_NAMES.get(b, b)} | {t.n} | {report_cell(t, adjusted[(claim, a, b)])} | "
-                     + ', '.join(signed(d) for d in differences) + ' |')
+        cells.append(f"| {claim} | {pretrained_name(a)} − {pretrained_name(b)} | {t.n} | "
+                     f"{report_cell(t, adjusted[(claim, a, b)][0])} | " + ', '.join(signed(d) for d in differences) + ' |')
     per_run = ["| variant | seed | frozen → final val loss | γ̄ [min, max] | −1 < γ < 0 | −1 < γ < −0.05 | heads above 0 "
-               "(held at 0) | largest γ range in the last quarter | wall time |", '|' + '---|' * 9]
-    for (s, v, k), r in sorted(runs.items(), key=lambda item: (list(variants.values()).index(item[0][1]), item[0][2])):
+               "(at 0) | largest γ range in the last quarter | wall time |", '|' + '---|' * 9]
+    order = list(PRETRAINED_NAMES)
+    for (s, v, k), r in sorted(runs.items(), key=lambda item: (order.index(item[0][1].split('=')[0]), item[0][2])):
         heads = layers[(s, v, k)]
-        n = sum(layer['heads'] for layer in heads)
-
-        def share(key):
-            return sum(layer[key] * layer['heads'] for layer in heads) / n
         low, high = min(layer['gamma_min'] for layer in heads), max(layer['gamma_max'] for layer in heads)
         seconds = f"{float(r['seconds']) / 60:.0f} min" if r['seconds'] else '–'
-        per_run.append(f"| {PRETRAINED_NAMES.get(v, v)} | {k} | {float(r['val_loss_at_start']):.4f} → {r['val_loss']:.4f} | "
+        per_run.append(f"| {pretrained_name(v)} | {k} | {at_start(v, k):.4f} → {r['val_loss']:.4f} | "
                        f"{signed(float(r['gamma_mean']), 3)} [{signed(low, 2)}, {signed(high, 2)}] | "
-                       f"{percent(share('in_corridor'))} | {percent(share('inside_claim_b'))} | "
-                       f"{round(share('above_zero') * n)} ({round(share('at_zero') * n)}) | "
+                       f"{percent(over_heads(heads, 'in_corridor'))} | {percent(over_heads(heads, 'inside_claim_b'))} | "
+                       f"{sum(int(layer['above_zero']) for layer in heads)} "
+                       f"({sum(int(layer['at_zero']) for layer in heads)}) | "
                        f"{max(layer['gamma_range_last_quarter'] for layer in heads):.3f} | {seconds} |")
     return ['\n'.join(out), '\n'.join(cells), '\n'.join(per_run),
-            *(f"{ci(t)} (Holm {p_text(adjusted[key])})" for key, (t, _) in trained.items())]
+            *(f"{ci(t)} (Holm {p_text(adjusted[key][0])})" for key, (t, _) in trained.items())]
 
 
 # ------------------------------------------------------------------------------------------------ the walk file
@@ -705,12 +731,17 @@ def read_file(study):
     return (read_walk if study.endswith('_walk') else read_per_seed)(path)
 
 
+# the files beside a study's per-seed file that its renderer also reads (NAME_layers.csv, NAME_frozen.csv)
+SIDE_FILES = {'gamma_dynamics': ('layers',), 'pretrained': ('layers', 'frozen')}
+
+
 def study_tables():
-    """{study: [its tables and quoted cells as docs/studies.md prints them]} for every study with a per-seed file, a
-    renderer here and every planned run in the file."""
+    """{study: [its tables and quoted cells as docs/studies.md prints them]} for every study with a per-seed file (and
+    the side files its renderer reads), a renderer here and every planned run in the file."""
     tables = {}
     for study, table in TABLES.items():
-        if os.path.exists(os.path.join(PER_SEED, f'{study}.csv')):
+        files = [f'{study}.csv', *(f'{study}_{side}.csv' for side in SIDE_FILES.get(study, ()))]
+        if all(os.path.exists(os.path.join(PER_SEED, name)) for name in files):
             runs = read_file(study)
             have, planned = planned_runs(study, runs)
             if have >= planned:  # a study still running is not on the page yet
@@ -765,8 +796,7 @@ def ladder_fits():
     xs, means = [x for _, x, _, _, _ in rungs], [m for _, _, m, _, _ in rungs]
     weights = [n / sd ** 2 for _, _, _, sd, n in rungs]  # 1/SE²
     weighted = weighted_line_fit(xs, means, [w ** -0.5 for w in weights])
-    x_bar, y_bar = (sum(w * v for w, v in zip(weights, vs)) / sum(weights) for vs in (xs, means))
-    chi2 = sum(w * (m - y_bar - weighted[0] * (x - x_bar)) ** 2 for w, x, m in zip(weights, xs, means))
+    chi2 = weighted_chi2(xs, means, weights, weighted[0])
     return fit_from_groups([(x, m, sd, n) for _, x, m, sd, n in rungs]), weighted, chi2
 
 

@@ -185,8 +185,8 @@ PER_LAYER_FIELDS = ('setting', 'variant', 'seed', 'layer', 'gamma_mean', 'gamma_
 def per_layer_rows(results):
     """One row per layer of each finished run with operator scalars: where its heads' γ end (mean, min, max), the
     share of them in the corridor −1 < γ < 0 and strictly inside, −1 < γ < CLAIM_B (claim (b)'s reading), the
-    largest range of one head's γ over the last quarter's evaluations, and the layer's heads with the shares above 0
-    and at exactly 0 (held there by γ ≥ 0). The per-layer cells of claim (b) (docs/per_seed/)."""
+    largest range of one head's γ over the last quarter's evaluations, and the layer's heads with how many end above
+    0 and at exactly 0 (held there by γ ≥ 0). The per-layer cells of claim (b) (docs/per_seed/)."""
     rows = []
     for setting, (loaded, summary) in results.items():
         for (variant, seed), run in sorted(loaded.items(), key=lambda item: (item[0][1], item[0][0])):
@@ -200,9 +200,8 @@ def per_layer_rows(results):
                                      ('gamma_max', gamma.max().item()),
                                      ('in_corridor', in_corridor(gamma).float().mean().item()),
                                      ('inside_claim_b', in_corridor(gamma, CLAIM_B).float().mean().item()),
-                                     ('gamma_range_last_quarter', last_quarter_range(series[:, layer:layer + 1])),
-                                     ('above_zero', (gamma > 0).float().mean().item()),
-                                     ('at_zero', (gamma == 0).float().mean().item()))}, heads=gamma.numel()))
+                                     ('gamma_range_last_quarter', last_quarter_range(series[:, layer:layer + 1])))},
+                                 heads=gamma.numel(), above_zero=int((gamma > 0).sum()), at_zero=int((gamma == 0).sum())))
     return rows
 
 

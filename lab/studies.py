@@ -141,10 +141,11 @@ SETTINGS.update({
 })
 
 
-def setting_config(setting):
-    """A setting's train.py config: its base file with its keys, as a study's runs get it (their variant aside)."""
+def setting_config(setting, *args):
+    """A setting's train.py config: its base file with its keys, as a study's runs get it (their variant aside), then
+    any further `--key=value` args."""
     base, keys = SETTINGS[setting]
-    return parse_config(TRAIN_DEFAULTS, [os.path.join(REPO, base), *(f'--{k}={v!r}' for k, v in keys.items())])
+    return parse_config(TRAIN_DEFAULTS, [os.path.join(REPO, base), *(f'--{k}={v!r}' for k, v in keys.items()), *args])
 
 # ------------------------------------------------------------------------------------------------ studies
 
@@ -282,6 +283,4 @@ def frozen_gamma_path(out_root, setting):
 def frozen_settings(parts):
     """The settings of a study's parts whose runs freeze every pretrained weight: those get the fixed-γ curve."""
     return [setting for setting in dict.fromkeys(p.setting for p in parts if p.setting)
-            if parse_config(TRAIN_DEFAULTS, [os.path.join(REPO, SETTINGS[setting][0]),
-                                             *(f'--{k}={v!r}' for k, v in SETTINGS[setting][1].items())])
-            ['train_only'] == 'operator']
+            if setting_config(setting)['train_only'] == 'operator']

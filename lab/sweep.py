@@ -49,7 +49,7 @@ from lab import launch, pretrained
 from lab.reports import report
 from lab.study_figures import FIGURES, claims_figures, pretrained_figures
 from lab.studies import (CPU, FROZEN_SEED, PRETRAINED_GAMMAS, Part, SETTINGS, STUDIES, Study, frozen_gamma_path,
-                         frozen_settings, millions, non_embedding_params, parse_variant, run_state)
+                         frozen_settings, millions, non_embedding_params, parse_variant, run_state, setting_config)
 
 # ------------------------------------------------------------------------------------------------ running
 
@@ -232,10 +232,7 @@ def frozen_gamma_losses(setting, out_root, gammas=PRETRAINED_GAMMAS, seed=FROZEN
     OUT_ROOT/<setting>/frozen_gamma.json after each γ, so that a rerun continues (and recomputes all if the
     setting's data or batches changed). Its memory is released before any run starts (the runs are processes of
     their own, which need the GPU's memory)."""
-    config_file, keys = SETTINGS[setting]
-    args = [os.path.join(REPO, config_file),
-            *(f'--{k}={v!r}' for k, v in keys.items()), f'--seed={seed}', *train_args]
-    cfg = SimpleNamespace(**parse_config(TRAIN_DEFAULTS, args))
+    cfg = SimpleNamespace(**setting_config(setting, f'--seed={seed}', *train_args))
     identity = dict(init_from=cfg.init_from, dataset=cfg.dataset, seed=seed, eval_iters=cfg.eval_iters,
                     batch_size=cfg.batch_size, block_size=cfg.block_size, dtype=cfg.dtype)
     path = frozen_gamma_path(out_root, setting)

@@ -354,10 +354,10 @@ def test_gammas_last_quarter_change_is_the_last_mean_minus_the_one_three_quarter
 def test_the_per_layer_file_says_where_each_layers_heads_end_and_how_far_they_still_move():
     """One corridor run, 2 layers × 4 heads, 9 evaluations in which only layer 1's first head still moves (by 0.01 an
     evaluation): per layer the final γ's mean, min, max, the share in −1 < γ < 0 and in −1 < γ < −0.05, the largest
-    range of one head over the last quarter (evaluations 6–8: 0.02 in layer 1, 0 in layer 0), the heads and the
-    shares above 0 and at 0; attention's
+    range of one head over the last quarter (evaluations 6–8: 0.02 in layer 1, 0 in layer 0), the heads and how
+    many end above 0 and at 0; layer 1's −0.01 is in the corridor but not strictly inside; attention's
     run, with no operator scalars, has no rows."""
-    final = torch.tensor([[-0.5, 0.0, 0.2, -1.5], [-0.2, -0.3, -0.1, -0.06]])
+    final = torch.tensor([[-0.5, 0.0, 0.2, -1.5], [-0.2, -0.3, -0.1, -0.01]])
     moving = torch.zeros(2, 4)
     moving[1, 0] = 0.01
     series = [(10 * k, final + moving * (8 - k), torch.ones(2, 4)) for k in range(9)]
@@ -367,7 +367,7 @@ def test_the_per_layer_file_says_where_each_layers_heads_end_and_how_far_they_st
                           {'corridor': dict(operator_scalars=True), 'attention': dict(operator_scalars=False)})}
     rows = reports.per_layer_rows(results)
     assert [(r['variant'], r['layer']) for r in rows] == [('corridor', 0), ('corridor', 1)]
-    expected = [(-0.45, -1.5, 0.2, 0.25, 0.25, 0.0, 4, 0.25, 0.25), (-0.165, -0.3, -0.06, 1.0, 1.0, 0.02, 4, 0.0, 0.0)]
+    expected = [(-0.45, -1.5, 0.2, 0.25, 0.25, 0.0, 4, 1, 1), (-0.1525, -0.3, -0.01, 1.0, 0.75, 0.02, 4, 0, 0)]
     for row, values in zip(rows, expected):
         assert [float(row[k]) for k in reports.PER_LAYER_FIELDS[4:]] == pytest.approx(values, abs=1e-6)
 
