@@ -30,11 +30,6 @@ PER_SEED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'per_seed')
 
 TS, WT = 'Tiny Shakespeare', 'WikiText-2 (char)'
 
-# (size, corpus, mean, SD, n, non-embedding parameters, tokens); the base size's two cells are the claims study's runs,
-# taken exactly from its per-seed file (scales_cells)
-SCALES = [('tiny', TS, -0.0002, 0.0016, 8, 0.10e6, 0.92e6), ('tiny', WT, +0.0018, 0.0099, 8, 0.10e6, 0.92e6),
-          ('small', TS, None, None, 3, 0.79e6, 0.92e6), ('small', WT, None, None, 3, 0.79e6, 0.92e6),
-          ('medium-x2', TS, -0.0058, 0.0075, 3, 2.66e6, 1.84e6), ('medium-x2', WT, -0.0009, 0.0025, 3, 2.66e6, 1.84e6)]
 # the ladder (studies.md, `--study=ladder`, Tiny Shakespeare, 4 tokens per non-embedding parameter): (rung,
 # non-embedding parameters of its corridor runs, corridor − attention mean, its 95 % CI low, high, seeds). The page
 # states the CI, not the SD: SD = half-width · √n / t_0.975(n − 1). ladder-l's three differences are stated: used as is.
@@ -749,20 +744,6 @@ def study_tables():
     return tables
 
 
-def scales_cells():
-    """SCALES with its base-size cells filled in exactly from the claims study's per-seed file: the same runs."""
-    runs = read_per_seed(os.path.join(PER_SEED, 'claims.csv'))
-    tests = cell_tests('claims', runs, [('corridor', 'attention')])
-    settings = {TS: 'shakespeare_char/small', WT: 'wikitext2_char/small'}
-    out = []
-    for size, corpus, mean, sd, n, params, tokens in SCALES:
-        if mean is None:
-            t = tests[(settings[corpus], 'corridor', 'attention')][0]
-            size, mean, sd, n = f'{size}, exact', t.mean, t.sd, t.n
-        out.append((size, corpus, mean, sd, n, params, tokens))
-    return out
-
-
 def fit_from_groups(groups):
     """Least squares of every seed pair's difference on log10(parameters), from the groups' (x, mean, SD, n) alone:
     the sums of squares decompose into within-group (SD²·(n − 1)) and between-group parts, so this equals the fit
@@ -812,19 +793,17 @@ def render():
            "the Holm p; *inconclusive* names X, the 95 % CI's bound farthest from zero: the data exclude a larger "
            "effect (unadjusted). The SDs are the README's rounded ones, so p-values built on SD 0.0001–0.0006 are "
            "approximate.", '', *per_seed_sections(), *walk_section(),
-           "## Scales: corridor − attention: one family over the six cells (m = 6)", '',
-            "The claims study's two base cells are two of these six; counted with every cell that tests claim (a), "
-            "the p ≈ 0.011 cell is not significant. Those two (small) are exact, from the claims study's per-seed file; "
-            "the other four are the stated summaries.", '', *HEADER]
-    scales = scales_cells()
-    out += rows([(f"{size} ({params / 1e6:.2f}M, {tokens / params:.1f} tokens/param)", corpus, m, sd, n)
-                 for size, corpus, m, sd, n, params, tokens in scales], lambda c: 'scales')
-    out += ['', "Least squares of every seed pair's difference on log10(non-embedding parameters), per corpus "
-            "(computed exactly from the stated summaries; size is confounded with tokens per parameter, 9.2 / 1.2 / 0.7):", '']
-    for corpus in (TS, WT):
-        slope, low, high, n = fit_from_groups([(math.log10(p), m, sd, k) for _, c, m, sd, k, p, _ in scales
-                                               if c == corpus])
-        out.append(f"- {corpus}: {slope:+.4f} per tenfold parameters, 95 % CI [{low:+.4f}, {high:+.4f}] ({n} pairs)")
+           "## Scales: corridor − attention against size", '',
+           "The six cells are in `scales`' section above (one Holm family, m = 6; its base cells are the claims "
+           "study's runs). Fits of corridor − attention on log10(non-embedding parameters) per corpus (size is "
+           "confounded with tokens per parameter, 9.3 / 1.2 / 0.7):", '']
+    scales = read_file('scales')
+    for corpus, name in CORPORA.items():
+        (slope, low, high, p, pairs), (w_slope, w_low, w_high, w_p, k), chi2, _ = size_fits(
+            scales, [f'{corpus}/{size}' for size in SIZES])
+        out.append(f"- {name}: unweighted over seed pairs {slope:+.4f} per tenfold, 95 % CI [{low:+.4f}, {high:+.4f}], "
+                   f"p {fmt_p(p)} ({pairs} pairs); precision-weighted over the {k} sizes' means {w_slope:+.4f} "
+                   f"[{w_low:+.4f}, {w_high:+.4f}], p {fmt_p(w_p)} (weighted χ² {chi2:.1f} on {k - 2} df)")
     out += ['', "## Ladder: corridor − attention at 4 tokens per non-embedding parameter, Tiny Shakespeare: one family "
             "over the four rungs (m = 4)", '',
             "The SDs are recomputed from the stated 95 % CIs (SD = half-width · √n / t_0.975(n − 1)); ladder-l's "

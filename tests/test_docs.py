@@ -208,7 +208,8 @@ def test_every_studies_md_table_of_a_study_with_a_per_seed_file_is_what_that_fil
     module = recomputed_module()
     tables = module.study_tables()
     page = (REPO / 'docs' / 'studies.md').read_text()
-    checked = {'claims', 'fixed_gamma', 'replication', 'corridor_settled_pilot', 'geometry_walk', 'fixed_gamma_powered'}
+    checked = {'claims', 'fixed_gamma', 'replication', 'corridor_settled_pilot', 'geometry_walk', 'fixed_gamma_powered',
+               'scales'}
     assert checked <= set(tables)  # not vacuous: these are checked
     words = ' '.join(page.split())  # the page may wrap a rendered sentence: compared with spaces collapsed
     for study, texts in tables.items():
@@ -420,6 +421,9 @@ def test_runs_two_studies_share_have_one_set_of_numbers_in_their_per_seed_files(
     assert all(claims[k] == fixed[k] for k in shared)
     geometry = module.read_per_seed(REPO / 'docs' / 'per_seed' / 'geometry.csv')  # its runs are those two studies'
     assert len(geometry) == 24 and all(geometry[k] == {**claims, **fixed}[k] for k in geometry)
+    scales = module.read_per_seed(REPO / 'docs' / 'per_seed' / 'scales.csv')  # its base size: the claims runs
+    base = [k for k in scales if k[0].endswith('/small')]
+    assert len(base) == 12 and all(scales[k] == claims[k] for k in base)
 
 
 def test_the_per_seed_folders_page_counts_each_files_runs_and_lists_every_file():
