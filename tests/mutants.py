@@ -259,6 +259,15 @@ MUTANTS = [
            "return [runs[(setting, a, k)]['val_loss'] - runs[(setting, b, k)]['val_loss'] for k in seeds]",
            "return [runs[(setting, a, k)]['val_loss'] - runs[(setting, b, seeds[0])]['val_loss'] for k in seeds]",
            ('tests/test_docs.py',)),
+    # the renderers of claim (b)'s and the 135M study's tables: heads, not layers, are the unit; layer 0 apart; one family
+    Mutant('layers_averaged_unweighted', 'docs/results_recomputed.py',
+           "return sum(layer[key] * layer['heads'] for layer in layers) / sum(layer['heads'] for layer in layers)",
+           "return sum(layer[key] for layer in layers) / len(layers)", ('tests/test_docs.py',)),
+    Mutant('dynamics_rest_with_layer_0', 'docs/results_recomputed.py', "    rest = layers[1:]\n", "    rest = layers\n",
+           ('tests/test_docs.py',)),
+    Mutant('pretrained_holm_per_cell', 'docs/results_recomputed.py',
+           "adjusted = holm_within(tests, lambda key: 'every cell of the study')",
+           "adjusted = holm_within(tests, lambda key: key)", ('tests/test_docs.py',)),
     # the geometry study's walk file: each part against attention's P on the same seed, Holm per variant and part
     Mutant('walk_holm_over_both_parts', 'docs/results_recomputed.py',
            "adjusted = holm_within({k: t for k, (t, _) in tests.items()}, lambda k: k[1:3])  # variant × part",
