@@ -147,6 +147,7 @@ def setting_config(setting, *args):
     base, keys = SETTINGS[setting]
     return parse_config(TRAIN_DEFAULTS, [os.path.join(REPO, base), *(f'--{k}={v!r}' for k, v in keys.items()), *args])
 
+
 # ------------------------------------------------------------------------------------------------ studies
 
 
