@@ -67,11 +67,26 @@ HEADER = ["| comparison | corpus | seeds | mean ± SD (stated) | 95 % CI | p | H
           "|---|---|---|---|---|---|---|---|---|"]
 
 
+def keyed_rows(path, key):
+    """[(key(row), row)] of a CSV file, refusing one whose rows repeat a key: a study gathered from several sittings
+    (its run folders lost in between) appends rows, and a run appended twice must not pass as one more seed."""
+    with open(path, newline='') as f:
+        rows = [(key(r), r) for r in csv.DictReader(f)]
+    seen = set()
+    for line, (k, _) in enumerate(rows, start=2):
+        if k in seen:
+            raise ValueError(f"{path}, line {line}: {k} appears twice")
+        seen.add(k)
+    return rows
+
+
+def run_key(r):
+    return r['setting'], r['variant'], int(r['seed'])
+
+
 def read_per_seed(path):
     """{(setting, variant, seed): row} of one study's per-seed file, the losses as floats (written with repr: exact)."""
-    with open(path, newline='') as f:
-        return {(r['setting'], r['variant'], int(r['seed'])): {**r, 'val_loss': float(r['val_loss'])}
-                for r in csv.DictReader(f)}
+    return {k: {**r, 'val_loss': float(r['val_loss'])} for k, r in keyed_rows(path, run_key)}
 
 
 # beyond each variant − attention, the comparisons a study's report also makes: claim (c) and the forms, against the
@@ -434,10 +449,8 @@ DYNAMICS_SETTINGS = {'shakespeare_char/small-long': 'Tiny Shakespeare, 12,000 it
 def read_layers(study):
     """{(setting, variant, seed): [one dict of floats per layer, in layer order]} of a study's per-layer file."""
     runs = {}
-    with open(os.path.join(PER_SEED, f'{study}_layers.csv'), newline='') as f:
-        for r in csv.DictReader(f):
-            runs.setdefault((r['setting'], r['variant'], int(r['seed'])), []).append(
-                {k: float(v) for k, v in r.items() if k not in ('setting', 'variant', 'seed')})
+    for (*key, _), r in keyed_rows(os.path.join(PER_SEED, f'{study}_layers.csv'), lambda r: (*run_key(r), r['layer'])):
+        runs.setdefault(tuple(key), []).append({k: float(v) for k, v in r.items() if k not in ('setting', 'variant', 'seed')})
     return {key: sorted(layers, key=lambda layer: layer['layer']) for key, layers in runs.items()}
 
 
@@ -520,10 +533,10 @@ def pretrained_name(variant):
 def read_frozen(study, setting):
     """{γ: [val loss per evaluation batch]} of one setting in a study's per-batch frozen file (NAME_frozen.csv)."""
     curve = {}
-    with open(os.path.join(PER_SEED, f'{study}_frozen.csv'), newline='') as f:
-        for r in sorted(csv.DictReader(f), key=lambda r: int(r['batch'])):
-            if r['setting'] == setting:
-                curve.setdefault(float(r['gamma']), []).append(float(r['val_loss']))
+    rows = keyed_rows(os.path.join(PER_SEED, f'{study}_frozen.csv'), lambda r: (r['setting'], r['gamma'], int(r['batch'])))
+    for _, r in sorted(rows, key=lambda kr: kr[0][2]):
+        if r['setting'] == setting:
+            curve.setdefault(float(r['gamma']), []).append(float(r['val_loss']))
     return curve
 
 
@@ -615,9 +628,8 @@ DIAGNOSTICS = {'drift': 'drift', 'delta_orth': 'δ_orth', 'a_eff_fro': '‖A_eff
 
 def read_walk(path):
     """{(setting, variant, seed, part, diagnostic, regime): value} of a walk file (values written with repr: exact)."""
-    with open(path, newline='') as f:
-        return {(r['setting'], r['variant'], int(r['seed']), r['part'], r['diagnostic'], r['regime']): float(r['value'])
-                for r in csv.DictReader(f)}
+    return {k: float(r['value']) for k, r in
+            keyed_rows(path, lambda r: (*run_key(r), r['part'], r['diagnostic'], r['regime']))}
 
 
 def walk_tests(walk):

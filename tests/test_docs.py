@@ -327,6 +327,31 @@ def test_the_ladder_from_a_per_seed_file_gives_the_fits_its_stated_summaries_giv
     assert '| ladder-xs | 0.056M (2 × 48) | 0.23M (0.23) | 6 |' in table
 
 
+def test_the_per_seed_readers_refuse_a_file_that_repeats_a_run_a_layer_or_a_batch(tmp_path, monkeypatch):
+    """A study gathered over sittings appends rows: a row appended twice would pass as one more seed (or layer, or
+    batch). Each reader returns its rows keyed (layers in layer order, batches in batch order) and names the repeat."""
+    module = recomputed_module()
+    monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
+    files = {'s.csv': ('setting,variant,seed,val_loss', ['a,attention,1,2.5', 'a,corridor,1,2.25', 'a,attention,2,2.0']),
+             's_layers.csv': ('setting,variant,seed,layer,gamma_mean', ['a,corridor,1,1,-0.5', 'a,corridor,1,0,-0.25']),
+             's_frozen.csv': ('setting,gamma,batch,val_loss', ['a,0.0,1,3.5', 'a,0.0,0,3.0', 'b,0.0,0,9.0'])}
+    for name, (header, rows) in files.items():
+        (tmp_path / name).write_text('\n'.join([header, *rows]) + '\n')
+    assert {k: r['val_loss'] for k, r in module.read_per_seed(tmp_path / 's.csv').items()} == {
+        ('a', 'attention', 1): 2.5, ('a', 'corridor', 1): 2.25, ('a', 'attention', 2): 2.0}
+    assert module.read_layers('s') == {('a', 'corridor', 1): [{'layer': 0.0, 'gamma_mean': -0.25},
+                                                               {'layer': 1.0, 'gamma_mean': -0.5}]}
+    assert module.read_frozen('s', 'a') == {0.0: [3.0, 3.5]}
+    for name, (header, rows) in files.items():
+        (tmp_path / name).write_text('\n'.join([header, *rows, rows[0]]) + '\n')
+    with pytest.raises(ValueError, match=r"s\.csv, line 5: \('a', 'attention', 1\) appears twice"):
+        module.read_per_seed(tmp_path / 's.csv')
+    with pytest.raises(ValueError, match=r"s_layers\.csv, line 4: .* appears twice"):
+        module.read_layers('s')
+    with pytest.raises(ValueError, match=r"s_frozen\.csv, line 5: .* appears twice"):
+        module.read_frozen('s', 'a')
+
+
 def test_claim_bs_tables_read_each_runs_layers_and_pair_its_loss_with_attentions_seed():
     """Three seeds of two starts and of attention, one of the rest; four layers a run, layer 0 at γ̄ −0.05 with half its
     heads strictly inside, the others at −0.2 − 0.01·seed, all inside (the spread start: heads still moving more):
