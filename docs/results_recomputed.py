@@ -196,6 +196,8 @@ def column(runs, setting, variant, key='val_loss'):
 
 
 CORPORA = {'shakespeare_char': TS, 'wikitext2_char': WT}
+# prepare.py's training splits, in characters (= tokens): a run's tokens over its corpus's are the epochs it sees
+TRAIN_CHARS = {'shakespeare_char': 1_003_854, 'wikitext2_char': 1_144_748}
 CLAIM_ROWS = {'attention': 'attention', 'corridor': 'corridor: learnable δ(γI + P) from γ = 0, δ = 1',
               'alpha': 'α0·I + α1·P', 'alpha_beta': 'αP + β(I − P)', 'gamma_nonneg': 'corridor with γ ≥ 0',
               'fixed_gamma': 'fixed γ = −0.5, δ = 1', 'laplacian': 'Laplacian heads (the last of 4 is I − P)',
@@ -316,7 +318,9 @@ def fixed_gamma_powered_table(runs):
 def corridor_settled_table(runs):
     """The main study's pre-registered tests (primary: the learnable corridor − attention on each corpus; secondary:
     the corridor at the pilot's multiplier and fixed γ = −0.1, each Holm over the two corpora), where γ ends, and the
-    primary tests' CIs and Holm p's as the page quotes them (and the README's (a) bullet after it)."""
+    primary tests' CIs and Holm p's as the page quotes them (and the README's (a) bullet after it), and per corpus the
+    budget's check: the epochs a run sees, and attention's validation loss from the evaluation before the last to the
+    last (falling: no overfitting), over the seeds whose row has it (the column came after the first seeds)."""
     rows = (('corridor', 'learnable corridor − attention', 'primary (Holm over 2)'),
             ('corridor_lr=3.0', 'corridor, operator_lr_mult 3 − attention', 'secondary (Holm over 2)'),
             ('fixed_gamma=-0.1', 'fixed γ = −0.1, δ = 1 − attention', 'secondary (Holm over 2)'))
@@ -330,7 +334,15 @@ def corridor_settled_table(runs):
             out.append(f"| {name} | {label} | {role} | {row_cells(*tests[(setting, variant, 'attention')])} | "
                        f"{gamma_delta(runs, setting, variant)} | {signed(change, 3)} |")
     primary = [(name, *tests[(f'{corpus}/small-x4', 'corridor', 'attention')][:2]) for corpus, name in CORPORA.items()]
-    return ['\n'.join(out), '; '.join(f"{name} {ci(t)}, Holm {p_text(p_holm)}" for name, t, p_holm in primary)]
+    budget = []
+    for corpus, name in CORPORA.items():
+        attention = [r for (s, v, _), r in runs.items() if (s, v) == (f'{corpus}/small-x4', 'attention')]
+        falls = [r['val_loss'] - float(r['val_loss_previous_eval']) for r in attention if r.get('val_loss_previous_eval')]
+        budget.append(f"{name}: {int(attention[0]['tokens']) / TRAIN_CHARS[corpus]:.2f} epochs; attention's val loss "
+                      f"over its last evaluation interval " + (f"{signed(statistics.fmean(falls), 4)} on average, falling "
+                      f"in {sum(f < 0 for f in falls)} of {len(falls)} seeds" if falls else "not recorded"))
+    return ['\n'.join(out), '; '.join(f"{name} {ci(t)}, Holm {p_text(p_holm)}" for name, t, p_holm in primary),
+            '; '.join(budget)]
 
 
 def corridor_settled_pilot_table(runs):
@@ -411,7 +423,6 @@ def scales_table(runs):
 
 
 RUNGS = tuple(LADDER_SIZES)  # the ladder's sizes, smallest first
-SHAKESPEARE_TRAIN_CHARS = 1_003_854  # prepare.py's train split of Tiny Shakespeare: a run's tokens over it are epochs
 
 
 def ladder_table(runs):
@@ -427,7 +438,7 @@ def ladder_table(runs):
         config = setting_config(setting)
         tokens = int(next(r['tokens'] for (s, _, _), r in runs.items() if s == setting))
         out.append(f"| {rung} | {millions(params[setting])} ({config['n_layer']} × {config['n_embd']}) | "
-                   f"{tokens / 1e6:.2f}M ({tokens / SHAKESPEARE_TRAIN_CHARS:.2g}) | "
+                   f"{tokens / 1e6:.2f}M ({tokens / TRAIN_CHARS['shakespeare_char']:.2g}) | "
                    f"{row_cells(*tests[(setting, 'corridor', 'attention')])} | "
                    f"{signed(statistics.fmean(column(runs, setting, 'corridor', 'gamma_mean')), 3)} |")
     return ['\n'.join(out),

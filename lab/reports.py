@@ -161,7 +161,7 @@ STATISTICS = ("Final validation loss (nats per token). Every difference is paire
 
 
 PER_SEED_FIELDS = ('setting', 'variant', 'seed', 'iter', 'tokens', 'val_loss', 'gamma_mean', 'delta_mean', 'seconds',
-                   'gamma_change_last_quarter', 'val_loss_at_start')
+                   'gamma_change_last_quarter', 'val_loss_at_start', 'val_loss_previous_eval')
 
 
 def last_quarter_change(series):
@@ -207,9 +207,10 @@ def per_layer_rows(results):
 
 def per_seed_rows(results):
     """One row per finished run: its final validation loss (repr: the exact float), final mean γ, δ over every head,
-    how far that mean γ moved over the last quarter of the run, and the validation loss at iteration 0 (a pretrained
-    model's own loss, before the operator trains: the pretrained study's 'frozen' cells). The file a reader checks
-    any cell against without the run folders (docs/per_seed/)."""
+    how far that mean γ moved over the last quarter of the run, the validation loss at iteration 0 (a pretrained
+    model's own loss, before the operator trains: the pretrained study's 'frozen' cells) and at the evaluation before
+    the last (whether it still falls at the end: no overfitting). The file a reader checks any cell against without
+    the run folders (docs/per_seed/)."""
     rows = []
     for setting, (loaded, _) in results.items():
         for (variant, seed), run in sorted(loaded.items(), key=lambda item: (item[0][1], item[0][0])):
@@ -220,7 +221,8 @@ def per_seed_rows(results):
                              seconds=f"{run['seconds']:.1f}" if run.get('seconds') else '',
                              gamma_change_last_quarter=f"{last_quarter_change(run['series']):+.6f}"
                              if len(run['series']) > 1 else '',
-                             val_loss_at_start=repr(run['log'][0]['val_loss']) if run['log'][0]['iter'] == 0 else ''))
+                             val_loss_at_start=repr(run['log'][0]['val_loss']) if run['log'][0]['iter'] == 0 else '',
+                             val_loss_previous_eval=repr(run['log'][-2]['val_loss']) if len(run['log']) > 1 else ''))
     return rows
 
 

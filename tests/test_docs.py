@@ -237,6 +237,16 @@ def test_the_settled_corridor_table_is_its_per_seed_cells_and_stays_off_the_page
                    if line.startswith(f"| {module.CORPORA[setting.split('/')[0]]} | {labels[a]} "))
         assert f'| {t.n} | {module.signed(t.mean, 5)} [' in row
         assert f' | {module.p_text(p_holm)} | ' in row and f' | {below} of {t.n} | ' in row
+    # the budget's check: epochs from the tokens, attention's last fall over the seeds whose rows record it
+    assert module.corridor_settled_table(runs)[2] == ("Tiny Shakespeare: 3.67 epochs; attention's val loss over its "
+                                                      "last evaluation interval not recorded; WikiText-2 (char): 3.22 "
+                                                      "epochs; attention's val loss over its last evaluation interval "
+                                                      "not recorded")
+    for seed, previous in ((300, '9.0'), (301, '0.5')):  # a fall of val_loss − 9, a rise of val_loss − 0.5
+        runs[('wikitext2_char/small-x4', 'attention', seed)]['val_loss_previous_eval'] = previous
+    falls = [runs[('wikitext2_char/small-x4', 'attention', k)]['val_loss'] - x for k, x in ((300, 9.0), (301, 0.5))]
+    assert module.corridor_settled_table(runs)[2].endswith(
+        f"interval {module.signed(statistics.fmean(falls), 4)} on average, falling in 1 of 2 seeds")
     monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
     assert 'corridor_settled' not in module.study_tables()
     monkeypatch.setattr(module, 'planned_runs', lambda study, runs: (len(runs), len(runs)))

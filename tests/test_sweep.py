@@ -330,10 +330,11 @@ def test_the_settled_corridor_study_reports_its_named_tests_and_publishes_every_
     rows = (out / 'per_seed.csv').read_text().splitlines()
     assert rows[0] == ','.join(reports.PER_SEED_FIELDS) and len(rows) == 1 + 2 * 4 * 2
     for row in rows[1:]:
-        setting, variant, seed, _, _, val_loss, gamma, delta, _, change, at_start = row.split(',')
+        setting, variant, seed, _, _, val_loss, gamma, delta, _, change, at_start, previous = row.split(',')
         log = [json.loads(line) for line in (tmp_path / setting / f'{variant}-s{seed}' / 'log.jsonl').read_text().splitlines()]
         final = log[-1]
         assert float(val_loss) == final['val_loss'] and float(at_start) == log[0]['val_loss']  # exact
+        assert float(previous) == log[-2]['val_loss'] and log[-2]['iter'] < final['iter']
         assert log[0]['iter'] == 0
         assert float(gamma) == pytest.approx(statistics.fmean(g for layer in final['gamma'] for g in layer), abs=1e-6)
         assert float(delta) == pytest.approx(statistics.fmean(d for layer in final['delta'] for d in layer), abs=1e-6)
