@@ -9,6 +9,8 @@ geometry study's walk file (each run's walk diagnostics per depth regime; its qu
 too), the ladder's two slopes (pre-registered unweighted, precision-weighted) and the 135M study's first sitting.
 
     python docs/results_recomputed.py          # -> docs/results_recomputed.md
+    python docs/results_recomputed.py --append corridor_settled R/corridor_settled/per_seed.csv
+        # a later sitting's runs (R: its --out_root) added to docs/per_seed/corridor_settled.csv, then the page
 """
 
 import csv
@@ -20,7 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import atomic_write  # noqa: E402
-from lab.reports import family  # noqa: E402  (the studies' Holm families, as their reports form them)
+from lab.reports import PER_SEED_FIELDS, family  # noqa: E402  (the studies' Holm families, as their reports form them)
 from lab.study_figures import PRETRAINED_CELLS, pretrained_variant  # noqa: E402  (the 135M study's cells, as its report)
 from lab.studies import LADDER_SIZES, STUDIES, millions, non_embedding_params, parse_variant, setting_config  # noqa: E402
 from lab.stats import (fmt_p, holm, line_fit, paired_test, summary_test, t_quantile, verdict,  # noqa: E402
@@ -855,7 +857,32 @@ def render():
     return '\n'.join(out) + '\n'
 
 
+def append_runs(study, path):
+    """Add a later sitting's per-seed rows (its report's per_seed.csv) to the study's published file, for a study
+    trained over sittings whose run folders do not survive between them. A run already in the file must come back
+    identical (else nothing is written); a column only one side has is left empty on the other; the rows end sorted
+    as a report writes them (settings in the study's order, then seed, then variant). Returns the number added."""
+    published = os.path.join(PER_SEED, f'{study}.csv')
+    old, new = dict(keyed_rows(published, run_key)), dict(keyed_rows(path, run_key))
+    for key in old.keys() & new.keys():
+        if any(new[key][c] != old[key][c] for c in old[key].keys() & new[key].keys()):
+            raise ValueError(f"{path}: {key} differs from the run {published} already holds")
+    with open(published, newline='') as f, open(path, newline='') as g:
+        columns = set(next(csv.reader(f))) | set(next(csv.reader(g)))
+    fields = [c for c in PER_SEED_FIELDS if c in columns] + sorted(columns - set(PER_SEED_FIELDS))
+    settings = list(dict.fromkeys(part.setting for part in STUDIES[study].parts))
+    rows = sorted({**new, **old}.items(), key=lambda kr: (settings.index(kr[0][0]), kr[0][2], kr[0][1]))
+    with atomic_write(published) as f:
+        writer = csv.DictWriter(f, fields, restval='', lineterminator='\n')
+        writer.writeheader()
+        writer.writerows(row for _, row in rows)
+    return len(new.keys() - old.keys())
+
+
 def main():
+    if sys.argv[1:2] == ['--append']:
+        study, path = sys.argv[2:4]
+        print(f"{append_runs(study, path)} runs added to docs/per_seed/{study}.csv")
     text = render()
     with atomic_write(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results_recomputed.md')) as f:
         f.write(text)

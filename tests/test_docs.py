@@ -362,6 +362,42 @@ def test_the_per_seed_readers_refuse_a_file_that_repeats_a_run_a_layer_or_a_batc
         module.read_frozen('s', 'a')
 
 
+def test_a_later_sittings_runs_are_appended_to_a_study_file_sorted_as_a_report_writes_and_never_changed(tmp_path,
+                                                                                                    monkeypatch):
+    """--append: the published file appended to itself comes back byte for byte; new runs land in the report's order
+    (settings in the study's order, seed, variant) with a column only one side has left empty; a run that comes back
+    different writes nothing."""
+    module = recomputed_module()
+    monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
+    published = (REPO / 'docs' / 'per_seed' / 'corridor_settled.csv').read_text()
+    (tmp_path / 'corridor_settled.csv').write_text(published)
+    assert module.append_runs('corridor_settled', REPO / 'docs' / 'per_seed' / 'corridor_settled.csv') == 0
+    assert (tmp_path / 'corridor_settled.csv').read_text() == published
+    header, *rows = published.splitlines()
+    fields = header.split(',')
+    first = dict(zip(fields, rows[0].split(',')))  # wikitext2_char/small-x4, attention, the first seed
+    later = [{**first, 'seed': '999', 'val_loss_previous_eval': '1.75'},
+             {**first, 'setting': 'shakespeare_char/small-x4', 'variant': 'corridor', 'seed': '999'},
+             {**first, 'variant': 'attention', 'val_loss_previous_eval': ''}]  # the first run again, unchanged
+    new_fields = [*fields, 'val_loss_previous_eval'] if 'val_loss_previous_eval' not in fields else fields
+    (tmp_path / 'later.csv').write_text('\n'.join([','.join(new_fields), *(','.join(r.get(c, '') for c in new_fields)
+                                                                          for r in later)]) + '\n')
+    assert module.append_runs('corridor_settled', tmp_path / 'later.csv') == 2
+    header, *merged = (tmp_path / 'corridor_settled.csv').read_text().splitlines()
+    assert header == ','.join(new_fields) and len(merged) == len(rows) + 2
+    keys = [tuple(row.split(',')[:3]) for row in merged]
+    wikitext = [k for k in keys if k[0] == 'wikitext2_char/small-x4']
+    assert keys[:len(wikitext)] == wikitext and wikitext[-1] == ('wikitext2_char/small-x4', 'attention', '999')
+    assert keys[-1] == ('shakespeare_char/small-x4', 'corridor', '999')
+    assert merged[0] == rows[0] + ',' * (len(new_fields) - len(fields))
+    assert merged[len(wikitext) - 1].endswith(',1.75')
+    before = (tmp_path / 'corridor_settled.csv').read_text()
+    (tmp_path / 'changed.csv').write_text(f"{header}\n" + merged[0].replace(first['val_loss'], '1.5') + '\n')
+    with pytest.raises(ValueError, match="differs from the run"):
+        module.append_runs('corridor_settled', tmp_path / 'changed.csv')
+    assert (tmp_path / 'corridor_settled.csv').read_text() == before
+
+
 def test_claim_bs_tables_read_each_runs_layers_and_pair_its_loss_with_attentions_seed():
     """Three seeds of two starts and of attention, one of the rest; four layers a run, layer 0 at γ̄ −0.05 with half its
     heads strictly inside, the others at −0.2 − 0.01·seed, all inside (the spread start: heads still moving more):
