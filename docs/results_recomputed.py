@@ -53,8 +53,8 @@ def rows(cells, family_of):
     """Markdown rows for (label, corpus, mean, sd, n) cells, Holm-adjusted within family_of(cell)."""
     tests = [summary_test(mean, sd, n) for _, _, mean, sd, n in cells]
     adjusted = [0.0] * len(cells)
-    for family in dict.fromkeys(map(family_of, cells)):
-        members = [i for i, c in enumerate(cells) if family_of(c) == family]
+    for name in dict.fromkeys(map(family_of, cells)):
+        members = [i for i, c in enumerate(cells) if family_of(c) == name]
         for i, p in zip(members, holm([tests[i].p for i in members])):
             adjusted[i] = p
     out = []
