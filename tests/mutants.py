@@ -284,6 +284,17 @@ MUTANTS = [
            "if have >= planned:  # a study still running is not on the page yet", "if runs:",
            ('tests/test_docs.py::'
             'test_the_settled_corridor_table_is_its_per_seed_cells_and_stays_off_the_page_until_every_run_is_in',)),
+    # a study gathered over sittings: a run appended twice, or changed, must not pass
+    Mutant('per_seed_repeats_pass', 'docs/results_recomputed.py', "        if k in seen:\n", "        if False:\n",
+           ('tests/test_docs.py::test_the_per_seed_readers_refuse_a_file_that_repeats_a_run_a_layer_or_a_batch',)),
+    Mutant('appended_run_may_change', 'docs/results_recomputed.py',
+           "if any(new[key][c] != old[key][c] for c in old[key].keys() & new[key].keys()):",
+           "if any(new[key][c] != old[key][c] for c in ('setting',)):",
+           ('tests/test_docs.py::test_a_later_sittings_runs_are_appended_to_a_study_file_sorted_as_a_report_writes_and_'
+            'never_changed',)),
+    Mutant('previous_eval_is_the_last', 'lab/reports.py', "val_loss_previous_eval=repr(run['log'][-2]['val_loss'])",
+           "val_loss_previous_eval=repr(run['log'][-1]['val_loss'])",
+           ('tests/test_sweep.py::test_the_settled_corridor_study_reports_its_named_tests_and_publishes_every_seed',)),
 ]
 
 
