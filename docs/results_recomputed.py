@@ -9,8 +9,8 @@ geometry study's walk file (each run's walk diagnostics per depth regime; its qu
 too), the ladder's two slopes (pre-registered unweighted, precision-weighted) and the 135M study's first sitting.
 
     python docs/results_recomputed.py          # -> docs/results_recomputed.md
-    python docs/results_recomputed.py --append corridor_settled R/corridor_settled/per_seed.csv
-        # a later sitting's runs (R: its --out_root) added to docs/per_seed/corridor_settled.csv, then the page
+    python docs/results_recomputed.py --append corridor_settled R/corridor_settled
+        # a later sitting's runs (R: its --out_root, reported at this code) added to docs/per_seed/, then the page
 """
 
 import csv
@@ -21,8 +21,8 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import atomic_write  # noqa: E402
-from lab.reports import PER_SEED_FIELDS, family  # noqa: E402  (the studies' Holm families, as their reports form them)
+from common import UserError, atomic_write, main_guard  # noqa: E402
+from lab.reports import family  # noqa: E402  (the studies' Holm families, as their reports form them)
 from lab.study_figures import PRETRAINED_CELLS, pretrained_variant  # noqa: E402  (the 135M study's cells, as its report)
 from lab.studies import LADDER_SIZES, STUDIES, millions, non_embedding_params, parse_variant, setting_config  # noqa: E402
 from lab.stats import (fmt_p, holm, line_fit, paired_test, summary_test, t_quantile, verdict,  # noqa: E402
@@ -70,25 +70,34 @@ HEADER = ["| comparison | corpus | seeds | mean ± SD (stated) | 95 % CI | p | H
 
 
 def keyed_rows(path, key):
-    """[(key(row), row)] of a CSV file, refusing one whose rows repeat a key: a study gathered from several sittings
-    (its run folders lost in between) appends rows, and a run appended twice must not pass as one more seed."""
+    """(the header's columns, {key(row): row}) of a CSV file, refusing one whose rows repeat a key: a study gathered
+    over sittings (its run folders lost in between) appends rows, and a run appended twice must not pass as one more
+    seed."""
+    keyed = {}
     with open(path, newline='') as f:
-        rows = [(key(r), r) for r in csv.DictReader(f)]
-    seen = set()
-    for line, (k, _) in enumerate(rows, start=2):
-        if k in seen:
-            raise ValueError(f"{path}, line {line}: {k} appears twice")
-        seen.add(k)
-    return rows
+        reader = csv.DictReader(f)
+        for line, row in enumerate(reader, start=2):
+            if key(row) in keyed:
+                raise UserError(f"{path}, line {line}: {key(row)} appears twice")
+            keyed[key(row)] = row
+    return reader.fieldnames or [], keyed
 
 
 def run_key(r):
     return r['setting'], r['variant'], int(r['seed'])
 
 
+def layer_key(r):
+    return *run_key(r), int(r['layer'])
+
+
+def batch_key(r):
+    return r['setting'], float(r['gamma']), int(r['batch'])
+
+
 def read_per_seed(path):
     """{(setting, variant, seed): row} of one study's per-seed file, the losses as floats (written with repr: exact)."""
-    return {k: {**r, 'val_loss': float(r['val_loss'])} for k, r in keyed_rows(path, run_key)}
+    return {k: {**r, 'val_loss': float(r['val_loss'])} for k, r in keyed_rows(path, run_key)[1].items()}
 
 
 # beyond each variant − attention, the comparisons a study's report also makes: claim (c) and the forms, against the
@@ -339,10 +348,13 @@ def corridor_settled_table(runs):
     budget = []
     for corpus, name in CORPORA.items():
         attention = [r for (s, v, _), r in runs.items() if (s, v) == (f'{corpus}/small-x4', 'attention')]
-        falls = [r['val_loss'] - float(r['val_loss_previous_eval']) for r in attention if r.get('val_loss_previous_eval')]
-        budget.append(f"{name}: {int(attention[0]['tokens']) / TRAIN_CHARS[corpus]:.2f} epochs; attention's val loss "
-                      f"over its last evaluation interval " + (f"{signed(statistics.fmean(falls), 4)} on average, falling "
-                      f"in {sum(f < 0 for f in falls)} of {len(falls)} seeds" if falls else "not recorded"))
+        (tokens,) = {int(r['tokens']) for r in attention}  # every run of the setting sees the same budget
+        changes = [r['val_loss'] - float(r['val_loss_previous_eval']) for r in attention if r.get('val_loss_previous_eval')]
+        seeds = f"{len(changes)} seeds" if len(changes) == len(attention) else \
+            f"{len(changes)} seeds that record it (of {len(attention)})"
+        budget.append(f"{name}: {tokens / TRAIN_CHARS[corpus]:.2f} epochs; attention's val loss over its last "
+                      "evaluation interval " + (f"{signed(statistics.fmean(changes), 4)} on average, falling in "
+                      f"{sum(c < 0 for c in changes)} of the {seeds}" if changes else "not recorded"))
     return ['\n'.join(out), '; '.join(f"{name} {ci(t)}, Holm {p_text(p_holm)}" for name, t, p_holm in primary),
             '; '.join(budget)]
 
@@ -462,7 +474,7 @@ DYNAMICS_SETTINGS = {'shakespeare_char/small-long': 'Tiny Shakespeare, 12,000 it
 def read_layers(study):
     """{(setting, variant, seed): [one dict of floats per layer, in layer order]} of a study's per-layer file."""
     runs = {}
-    for (*key, _), r in keyed_rows(os.path.join(PER_SEED, f'{study}_layers.csv'), lambda r: (*run_key(r), r['layer'])):
+    for (*key, _), r in keyed_rows(os.path.join(PER_SEED, f'{study}_layers.csv'), layer_key)[1].items():
         runs.setdefault(tuple(key), []).append({k: float(v) for k, v in r.items() if k not in ('setting', 'variant', 'seed')})
     return {key: sorted(layers, key=lambda layer: layer['layer']) for key, layers in runs.items()}
 
@@ -546,10 +558,10 @@ def pretrained_name(variant):
 def read_frozen(study, setting):
     """{γ: [val loss per evaluation batch]} of one setting in a study's per-batch frozen file (NAME_frozen.csv)."""
     curve = {}
-    rows = keyed_rows(os.path.join(PER_SEED, f'{study}_frozen.csv'), lambda r: (r['setting'], r['gamma'], int(r['batch'])))
-    for _, r in sorted(rows, key=lambda kr: kr[0][2]):
+    batches = keyed_rows(os.path.join(PER_SEED, f'{study}_frozen.csv'), batch_key)[1]
+    for (_, gamma, _), r in sorted(batches.items(), key=lambda kr: kr[0][2]):
         if r['setting'] == setting:
-            curve.setdefault(float(r['gamma']), []).append(float(r['val_loss']))
+            curve.setdefault(gamma, []).append(float(r['val_loss']))
     return curve
 
 
@@ -642,7 +654,7 @@ DIAGNOSTICS = {'drift': 'drift', 'delta_orth': 'δ_orth', 'a_eff_fro': '‖A_eff
 def read_walk(path):
     """{(setting, variant, seed, part, diagnostic, regime): value} of a walk file (values written with repr: exact)."""
     return {k: float(r['value']) for k, r in
-            keyed_rows(path, lambda r: (*run_key(r), r['part'], r['diagnostic'], r['regime']))}
+            keyed_rows(path, lambda r: (*run_key(r), r['part'], r['diagnostic'], r['regime']))[1].items()}
 
 
 def walk_tests(walk):
@@ -857,32 +869,61 @@ def render():
     return '\n'.join(out) + '\n'
 
 
-def append_runs(study, path):
-    """Add a later sitting's per-seed rows (its report's per_seed.csv) to the study's published file, for a study
-    trained over sittings whose run folders do not survive between them. A run already in the file must come back
-    identical (else nothing is written); a column only one side has is left empty on the other; the rows end sorted
-    as a report writes them (settings in the study's order, then seed, then variant). Returns the number added."""
-    published = os.path.join(PER_SEED, f'{study}.csv')
-    old, new = dict(keyed_rows(published, run_key)), dict(keyed_rows(path, run_key))
-    for key in old.keys() & new.keys():
-        if any(new[key][c] != old[key][c] for c in old[key].keys() & new[key].keys()):
-            raise ValueError(f"{path}: {key} differs from the run {published} already holds")
-    with open(published, newline='') as f, open(path, newline='') as g:
-        columns = set(next(csv.reader(f))) | set(next(csv.reader(g)))
-    fields = [c for c in PER_SEED_FIELDS if c in columns] + sorted(columns - set(PER_SEED_FIELDS))
+# what a report folder holds (lab/reports.py, lab/study_figures.py) -> the published file's suffix, each row's key and
+# its order in the file (settings in the study's order, then as a report writes them)
+REPORT_FILES = {'': ('per_seed.csv', run_key, lambda k, at: (at(k[0]), k[2], k[1])),
+                'layers': ('per_seed_layers.csv', layer_key, lambda k, at: (at(k[0]), k[2], k[1], k[3])),
+                'frozen': ('per_batch_frozen.csv', batch_key, lambda k, at: (at(k[0]), k[1], k[2]))}
+
+
+def append_report(study, folder):
+    """Add a later sitting's runs (its report folder, R/STUDY, written by `lab.sweep --report_only=True` at this
+    code) to the study's published files: per_seed.csv, and the side files its tables read. For a study trained over
+    sittings whose run folders do not survive between them. Refused, writing nothing: a run the study does not plan,
+    a report lacking a column the published file has (a report from older code), and a run (layer, batch) already
+    published that comes back with other numbers (every column both fill but the wall time `seconds`: a run trained
+    again). A column only the new rows have is left empty in the old ones. {published file: rows added}."""
+    if study not in STUDIES:
+        raise UserError(f"no study {study!r} (lab/studies.py's STUDIES)")
     settings = list(dict.fromkeys(part.setting for part in STUDIES[study].parts))
-    rows = sorted({**new, **old}.items(), key=lambda kr: (settings.index(kr[0][0]), kr[0][2], kr[0][1]))
-    with atomic_write(published) as f:
-        writer = csv.DictWriter(f, fields, restval='', lineterminator='\n')
-        writer.writeheader()
-        writer.writerows(row for _, row in rows)
-    return len(new.keys() - old.keys())
+    planned = {(part.setting, parse_variant(v)[0], seed) for part in STUDIES[study].parts for v in part.variants
+               for seed in range(part.first_seed, part.first_seed + part.seeds)}
+    merged = {}
+    for side in ('', *SIDE_FILES.get(study, ())):
+        report_name, key, order = REPORT_FILES[side]
+        source, published = os.path.join(folder, report_name), os.path.join(PER_SEED, f"{study}{'_' * bool(side)}{side}.csv")
+        if not os.path.isfile(source):
+            raise UserError(f"{source} not found: the report folder of `lab.sweep --study={study} --report_only=True`")
+        fields, new = keyed_rows(source, key)
+        old_fields, old = keyed_rows(published, key) if os.path.exists(published) else (fields, {})
+        if missing := [c for c in old_fields if c not in fields]:
+            raise UserError(f"{source} lacks {', '.join(missing)}, which {published} has: report the runs with this "
+                            f"code (`python -m lab.sweep --study={study} --report_only=True`)")
+        if side != 'frozen' and (unplanned := sorted(k[:3] for k in new if k[:3] not in planned)):
+            raise UserError(f"{source}: {unplanned[0]} is not a run of the study {study!r}"
+                            + (f" (and {len(unplanned) - 1} more)" if len(unplanned) > 1 else ''))
+        for k in old.keys() & new.keys():
+            if any(old[k][c] not in ('', new[k][c]) and new[k][c] != '' for c in old_fields if c != 'seconds'):
+                raise UserError(f"{source}: {k} comes back with other numbers than {published} holds")
+        runs = {**new, **{k: {**new.get(k, {}), **{c: v for c, v in row.items() if v != ''}} for k, row in old.items()}}
+        seen = settings + [s for s in dict.fromkeys(k[0] for k in runs) if s not in settings]
+        merged[published] = ([*old_fields, *(c for c in fields if c not in old_fields)],
+                             sorted(runs.items(), key=lambda kr: order(kr[0], seen.index)), len(new.keys() - old.keys()))
+    for published, (fields, runs, _) in merged.items():  # every file checked before any is written
+        with atomic_write(published) as f:
+            writer = csv.DictWriter(f, fields, restval='', lineterminator='\n')
+            writer.writeheader()
+            writer.writerows(row for _, row in runs)
+    return {published: added for published, (_, _, added) in merged.items()}
 
 
 def main():
-    if sys.argv[1:2] == ['--append']:
-        study, path = sys.argv[2:4]
-        print(f"{append_runs(study, path)} runs added to docs/per_seed/{study}.csv")
+    args = sys.argv[1:]
+    if args:
+        if len(args) != 3 or args[0] != '--append':
+            raise UserError("usage: python docs/results_recomputed.py [--append STUDY REPORT_FOLDER]")
+        for published, added in append_report(*args[1:]).items():
+            print(f"{os.path.relpath(published)}: {added} added")
     text = render()
     with atomic_write(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results_recomputed.md')) as f:
         f.write(text)
@@ -890,4 +931,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    main_guard(main)

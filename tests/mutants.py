@@ -285,13 +285,16 @@ MUTANTS = [
            ('tests/test_docs.py::'
             'test_the_settled_corridor_table_is_its_per_seed_cells_and_stays_off_the_page_until_every_run_is_in',)),
     # a study gathered over sittings: a run appended twice, or changed, must not pass
-    Mutant('per_seed_repeats_pass', 'docs/results_recomputed.py', "        if k in seen:\n", "        if False:\n",
+    Mutant('per_seed_repeats_pass', 'docs/results_recomputed.py', "            if key(row) in keyed:\n",
+           "            if False:\n",
            ('tests/test_docs.py::test_the_per_seed_readers_refuse_a_file_that_repeats_a_run_a_layer_or_a_batch',)),
     Mutant('appended_run_may_change', 'docs/results_recomputed.py',
-           "if any(new[key][c] != old[key][c] for c in old[key].keys() & new[key].keys()):",
-           "if any(new[key][c] != old[key][c] for c in ('setting',)):",
-           ('tests/test_docs.py::test_a_later_sittings_runs_are_appended_to_a_study_file_sorted_as_a_report_writes_and_'
-            'never_changed',)),
+           "if any(old[k][c] not in ('', new[k][c]) and new[k][c] != '' for c in old_fields if c != 'seconds'):",
+           "if False:", ('tests/test_docs.py::test_a_later_sittings_report_is_appended_to_a_studys_files_in_the_reports_'
+                         'order_and_never_changes_a_run',)),
+    Mutant('appended_run_unplanned', 'docs/results_recomputed.py', "for k in new if k[:3] not in planned)",
+           "for k in new if k[:3] in ())", ('tests/test_docs.py::test_a_later_sittings_report_is_appended_to_a_studys_'
+                                            'files_in_the_reports_order_and_never_changes_a_run',)),
     Mutant('previous_eval_is_the_last', 'lab/reports.py', "val_loss_previous_eval=repr(run['log'][-2]['val_loss'])",
            "val_loss_previous_eval=repr(run['log'][-1]['val_loss'])",
            ('tests/test_sweep.py::test_the_settled_corridor_study_reports_its_named_tests_and_publishes_every_seed',)),

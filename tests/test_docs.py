@@ -242,11 +242,22 @@ def test_the_settled_corridor_table_is_its_per_seed_cells_and_stays_off_the_page
                                                       "last evaluation interval not recorded; WikiText-2 (char): 3.22 "
                                                       "epochs; attention's val loss over its last evaluation interval "
                                                       "not recorded")
-    for seed, previous in ((300, '9.0'), (301, '0.5')):  # a fall of val_loss − 9, a rise of val_loss − 0.5
-        runs[('wikitext2_char/small-x4', 'attention', seed)]['val_loss_previous_eval'] = previous
-    falls = [runs[('wikitext2_char/small-x4', 'attention', k)]['val_loss'] - x for k, x in ((300, 9.0), (301, 0.5))]
-    assert module.corridor_settled_table(runs)[2].endswith(
-        f"interval {module.signed(statistics.fmean(falls), 4)} on average, falling in 1 of 2 seeds")
+    recorded = {('wikitext2_char/small-x4', 'attention', 300): 9.0, ('wikitext2_char/small-x4', 'attention', 301): 0.5,
+                ('shakespeare_char/small-x4', 'attention', 300): 9.0, ('shakespeare_char/small-x4', 'attention', 301): 8.0,
+                ('shakespeare_char/small-x4', 'attention', 302): 7.0,  # every seed: '3 seeds'
+                ('wikitext2_char/small-x4', 'corridor', 302): 0.5}  # not attention: not counted
+    for key, previous in recorded.items():
+        runs[key]['val_loss_previous_eval'] = repr(previous)
+
+    def mean_change(setting, seeds):
+        return module.signed(statistics.fmean(runs[(setting, 'attention', k)]['val_loss'] - recorded[(setting, 'attention', k)]
+                                              for k in seeds), 4)
+    assert module.corridor_settled_table(runs)[2] == (
+        f"Tiny Shakespeare: 3.67 epochs; attention's val loss over its last evaluation interval "
+        f"{mean_change('shakespeare_char/small-x4', (300, 301, 302))} on average, falling in 3 of the 3 seeds; "
+        f"WikiText-2 (char): 3.22 epochs; attention's val loss over its last evaluation interval "
+        f"{mean_change('wikitext2_char/small-x4', (300, 301))} on average, falling in 1 of the 2 seeds that record it "
+        f"(of 3)")
     monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
     assert 'corridor_settled' not in module.study_tables()
     monkeypatch.setattr(module, 'planned_runs', lambda study, runs: (len(runs), len(runs)))
@@ -344,58 +355,94 @@ def test_the_per_seed_readers_refuse_a_file_that_repeats_a_run_a_layer_or_a_batc
     monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
     files = {'s.csv': ('setting,variant,seed,val_loss', ['a,attention,1,2.5', 'a,corridor,1,2.25', 'a,attention,2,2.0']),
              's_layers.csv': ('setting,variant,seed,layer,gamma_mean', ['a,corridor,1,1,-0.5', 'a,corridor,1,0,-0.25']),
-             's_frozen.csv': ('setting,gamma,batch,val_loss', ['a,0.0,1,3.5', 'a,0.0,0,3.0', 'b,0.0,0,9.0'])}
+             's_frozen.csv': ('setting,gamma,batch,val_loss', ['a,0.0,1,3.5', 'a,0.0,0,3.0', 'b,0.0,0,9.0',
+                                                               'a,-0.1,0,2.5'])}
     for name, (header, rows) in files.items():
         (tmp_path / name).write_text('\n'.join([header, *rows]) + '\n')
     assert {k: r['val_loss'] for k, r in module.read_per_seed(tmp_path / 's.csv').items()} == {
         ('a', 'attention', 1): 2.5, ('a', 'corridor', 1): 2.25, ('a', 'attention', 2): 2.0}
     assert module.read_layers('s') == {('a', 'corridor', 1): [{'layer': 0.0, 'gamma_mean': -0.25},
                                                                {'layer': 1.0, 'gamma_mean': -0.5}]}
-    assert module.read_frozen('s', 'a') == {0.0: [3.0, 3.5]}
+    assert module.read_frozen('s', 'a') == {0.0: [3.0, 3.5], -0.1: [2.5]}
     for name, (header, rows) in files.items():
-        (tmp_path / name).write_text('\n'.join([header, *rows, rows[0]]) + '\n')
-    with pytest.raises(ValueError, match=r"s\.csv, line 5: \('a', 'attention', 1\) appears twice"):
+        (tmp_path / name).write_text('\n'.join([header, *rows, rows[0].replace('0.0,', '-0.0,')]) + '\n')
+    with pytest.raises(module.UserError, match=r"s\.csv, line 5: \('a', 'attention', 1\) appears twice"):
         module.read_per_seed(tmp_path / 's.csv')
-    with pytest.raises(ValueError, match=r"s_layers\.csv, line 4: .* appears twice"):
+    with pytest.raises(module.UserError, match=r"s_layers\.csv, line 4: .* appears twice"):
         module.read_layers('s')
-    with pytest.raises(ValueError, match=r"s_frozen\.csv, line 5: .* appears twice"):
-        module.read_frozen('s', 'a')
+    with pytest.raises(module.UserError, match=r"s_frozen\.csv, line 6: \('a', -0\.0, 1\) appears twice"):
+        module.read_frozen('s', 'a')  # γ as a number: −0.0 is 0.0
 
 
-def test_a_later_sittings_runs_are_appended_to_a_study_file_sorted_as_a_report_writes_and_never_changed(tmp_path,
-                                                                                                    monkeypatch):
-    """--append: the published file appended to itself comes back byte for byte; new runs land in the report's order
-    (settings in the study's order, seed, variant) with a column only one side has left empty; a run that comes back
-    different writes nothing."""
+def test_a_later_sittings_report_is_appended_to_a_studys_files_in_the_reports_order_and_never_changes_a_run(
+        tmp_path, monkeypatch):
+    """--append: the published file appended to itself comes back byte for byte; a later sitting's runs land in the
+    report's order (settings in the study's order, seed, variant; layers by layer) in the per-seed file and its side
+    file, a column only they have left empty in the old rows, a run trained again accepted when only its wall time
+    differs. Refused, with nothing written: a run the study does not plan, a report lacking a published column, a
+    run whose numbers changed; and a command line that is not `--append STUDY FOLDER`."""
     module = recomputed_module()
-    monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
+    monkeypatch.setattr(module, 'PER_SEED', str(tmp_path / 'published'))
+    (tmp_path / 'published').mkdir()
     published = (REPO / 'docs' / 'per_seed' / 'corridor_settled.csv').read_text()
-    (tmp_path / 'corridor_settled.csv').write_text(published)
-    assert module.append_runs('corridor_settled', REPO / 'docs' / 'per_seed' / 'corridor_settled.csv') == 0
-    assert (tmp_path / 'corridor_settled.csv').read_text() == published
-    header, *rows = published.splitlines()
-    fields = header.split(',')
-    first = dict(zip(fields, rows[0].split(',')))  # wikitext2_char/small-x4, attention, the first seed
-    later = [{**first, 'seed': '999', 'val_loss_previous_eval': '1.75'},
-             {**first, 'setting': 'shakespeare_char/small-x4', 'variant': 'corridor', 'seed': '999'},
-             {**first, 'variant': 'attention', 'val_loss_previous_eval': ''}]  # the first run again, unchanged
-    new_fields = [*fields, 'val_loss_previous_eval'] if 'val_loss_previous_eval' not in fields else fields
-    (tmp_path / 'later.csv').write_text('\n'.join([','.join(new_fields), *(','.join(r.get(c, '') for c in new_fields)
-                                                                          for r in later)]) + '\n')
-    assert module.append_runs('corridor_settled', tmp_path / 'later.csv') == 2
-    header, *merged = (tmp_path / 'corridor_settled.csv').read_text().splitlines()
-    assert header == ','.join(new_fields) and len(merged) == len(rows) + 2
-    keys = [tuple(row.split(',')[:3]) for row in merged]
-    wikitext = [k for k in keys if k[0] == 'wikitext2_char/small-x4']
-    assert keys[:len(wikitext)] == wikitext and wikitext[-1] == ('wikitext2_char/small-x4', 'attention', '999')
-    assert keys[-1] == ('shakespeare_char/small-x4', 'corridor', '999')
-    assert merged[0] == rows[0] + ',' * (len(new_fields) - len(fields))
-    assert merged[len(wikitext) - 1].endswith(',1.75')
-    before = (tmp_path / 'corridor_settled.csv').read_text()
-    (tmp_path / 'changed.csv').write_text(f"{header}\n" + merged[0].replace(first['val_loss'], '1.5') + '\n')
-    with pytest.raises(ValueError, match="differs from the run"):
-        module.append_runs('corridor_settled', tmp_path / 'changed.csv')
-    assert (tmp_path / 'corridor_settled.csv').read_text() == before
+    (tmp_path / 'published' / 'corridor_settled.csv').write_text(published)
+    report = tmp_path / 'report'
+    report.mkdir()
+    (report / 'per_seed.csv').write_text(published)
+    assert module.append_report('corridor_settled', report) == {str(tmp_path / 'published' / 'corridor_settled.csv'): 0}
+    assert (tmp_path / 'published' / 'corridor_settled.csv').read_text() == published
+
+    monkeypatch.setitem(module.SIDE_FILES, 'corridor_settled', ('layers',))  # a study whose tables read its layers
+    old = ('setting,variant,seed,val_loss,seconds,val_loss_at_start\n'
+           'shakespeare_char/small-x4,corridor,300,1.5,10.0,\n'
+           'wikitext2_char/small-x4,corridor,300,1.25,10.0,\n')
+    (tmp_path / 'published' / 'corridor_settled.csv').write_text(old)
+    (tmp_path / 'published' / 'corridor_settled_layers.csv').write_text(
+        'setting,variant,seed,layer,gamma_mean\nwikitext2_char/small-x4,corridor,300,0,-0.25\n')
+    new = ('setting,variant,seed,val_loss,seconds,val_loss_at_start,val_loss_previous_eval\n'
+           'shakespeare_char/small-x4,attention,309,1.75,11.0,6.0,1.8\n'
+           'wikitext2_char/small-x4,corridor,300,1.25,99.0,6.5,1.3\n'  # trained again: only seconds differ
+           'wikitext2_char/small-x4,attention,301,1.5,12.0,6.0,1.6\n')
+    (report / 'per_seed.csv').write_text(new)
+    (report / 'per_seed_layers.csv').write_text('setting,variant,seed,layer,gamma_mean\n'
+                                                'wikitext2_char/small-x4,corridor,301,1,-0.5\n'
+                                                'wikitext2_char/small-x4,corridor,301,0,-0.125\n')
+    before = {f.name: f.read_text() for f in (tmp_path / 'published').iterdir()}
+
+    def refused(match):
+        with pytest.raises(module.UserError, match=match):
+            module.append_report('corridor_settled', report)
+        assert {f.name: f.read_text() for f in (tmp_path / 'published').iterdir()} == before
+
+    (report / 'per_seed.csv').write_text(new.replace(',301,', ',299,'))  # seed 299: not a seed of the study
+    refused(r"\('wikitext2_char/small-x4', 'attention', 299\) is not a run of the study")
+    (report / 'per_seed.csv').write_text(new.replace('1.25,99.0', '1.2,99.0'))
+    refused(r"\('wikitext2_char/small-x4', 'corridor', 300\) comes back with other numbers")
+    (report / 'per_seed.csv').write_text('\n'.join(line.rsplit(',', 2)[0] for line in new.splitlines()) + '\n')
+    refused('lacks val_loss_at_start, which .* has: report the runs with this code')
+    (report / 'per_seed.csv').write_text(new)
+    (report / 'per_seed_layers.csv').rename(report / 'elsewhere.csv')
+    refused('per_seed_layers.csv not found')
+    (report / 'elsewhere.csv').rename(report / 'per_seed_layers.csv')
+
+    added = module.append_report('corridor_settled', report)
+    assert list(added.values()) == [2, 2]
+    assert (tmp_path / 'published' / 'corridor_settled.csv').read_text() == (
+        'setting,variant,seed,val_loss,seconds,val_loss_at_start,val_loss_previous_eval\n'
+        'wikitext2_char/small-x4,corridor,300,1.25,10.0,6.5,1.3\n'  # the old wall time kept, the empty columns filled
+        'wikitext2_char/small-x4,attention,301,1.5,12.0,6.0,1.6\n'
+        'shakespeare_char/small-x4,corridor,300,1.5,10.0,,\n'
+        'shakespeare_char/small-x4,attention,309,1.75,11.0,6.0,1.8\n')
+    assert (tmp_path / 'published' / 'corridor_settled_layers.csv').read_text() == (
+        'setting,variant,seed,layer,gamma_mean\nwikitext2_char/small-x4,corridor,300,0,-0.25\n'
+        'wikitext2_char/small-x4,corridor,301,0,-0.125\nwikitext2_char/small-x4,corridor,301,1,-0.5\n')
+
+    for argv in (['--append', 'corridor_settled'], ['--apend', 'corridor_settled', str(report)]):
+        monkeypatch.setattr(module.sys, 'argv', ['results_recomputed.py', *argv])
+        with pytest.raises(module.UserError, match=r'usage: python docs/results_recomputed.py \[--append STUDY'):
+            module.main()
+    with pytest.raises(module.UserError, match="no study 'corridor'"):
+        module.append_report('corridor', report)
 
 
 def test_claim_bs_tables_read_each_runs_layers_and_pair_its_loss_with_attentions_seed():
