@@ -11,6 +11,7 @@ too), the ladder's two slopes (pre-registered unweighted, precision-weighted) an
     python docs/results_recomputed.py          # -> docs/results_recomputed.md
     python docs/results_recomputed.py --append corridor_settled R/corridor_settled
         # a later sitting's runs (R: its --out_root, reported at this code) added to docs/per_seed/, then the page
+    python docs/results_recomputed.py --figure corridor_settled   # -> docs/corridor_settled.png, from its file
 """
 
 import csv
@@ -23,7 +24,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import UserError, atomic_write, main_guard  # noqa: E402
 from lab.reports import family  # noqa: E402  (the studies' Holm families, as their reports form them)
-from lab.study_figures import PRETRAINED_CELLS, pretrained_variant  # noqa: E402  (the 135M study's cells, as its report)
+from lab.figures import plt, save  # noqa: E402
+from lab.study_figures import PRETRAINED_CELLS, draw_differences, pretrained_variant  # noqa: E402  (as the reports)
 from lab.studies import LADDER_SIZES, STUDIES, millions, non_embedding_params, parse_variant, setting_config  # noqa: E402
 from lab.stats import (fmt_p, holm, line_fit, paired_test, summary_test, t_quantile, verdict,  # noqa: E402
                        weighted_line_fit)
@@ -917,11 +919,37 @@ def append_report(study, folder):
     return {published: added for published, (_, _, added) in merged.items()}
 
 
+def per_seed_figure(study, image):
+    """The per-seed figure of a study's report (lab/study_figures.py's draw_differences), drawn from its published
+    file alone: a panel per setting, a column per `variant − attention`, one dot per seed, mean and 95 % CI. For a
+    study gathered over sittings, whose earlier run folders (and so its report's figure) are gone."""
+    path = os.path.join(PER_SEED, f'{study}.csv')
+    if not os.path.isfile(path):
+        raise UserError(f"{path} not found: no published per-seed file for {study!r}")
+    runs = read_per_seed(path)
+    settings = list(dict.fromkeys(s for s, _, _ in runs))
+    fig, axes = plt.subplots(1, len(settings), figsize=(7 * len(settings), 4), squeeze=False)
+    for ax, setting in zip(axes[0], settings):
+        variants = [v for v in dict.fromkeys(v for s, v, _ in runs if s == setting) if v != 'attention']
+        draw_differences(ax, setting, [(f'{v} − attention', seed_pairs(runs, setting, v, 'attention')) for v in variants])
+    save(fig, image)
+
+
+USAGE = "usage: python docs/results_recomputed.py [--append STUDY REPORT_FOLDER | --figure STUDY]"
+
+
 def main():
     args = sys.argv[1:]
+    if args[:1] == ['--figure']:
+        if len(args) != 2:
+            raise UserError(USAGE)
+        image = os.path.join(os.path.dirname(os.path.abspath(__file__)), f'{args[1]}.png')
+        per_seed_figure(args[1], image)
+        print(f"{os.path.relpath(image)}: drawn from docs/per_seed/{args[1]}.csv")
+        return
     if args:
         if len(args) != 3 or args[0] != '--append':
-            raise UserError("usage: python docs/results_recomputed.py [--append STUDY REPORT_FOLDER]")
+            raise UserError(USAGE)
         for published, added in append_report(*args[1:]).items():
             print(f"{os.path.relpath(published)}: {added} added")
     text = render()

@@ -104,6 +104,23 @@ POWERED_PRIMARY = ('fixed_gamma=-0.1', 'fixed_gamma=-0.2')  # − attention, Hol
 POWERED_SECONDARY = 'corridor'                               # − attention, alone in its family
 
 
+def draw_differences(ax, setting, columns):
+    """One panel of a pre-registered study's figure: per comparison, (label, its per-seed differences), a column of
+    dots, one per seed, and their mean with its 95 % CI in black. Also drawn from a published per-seed file
+    (docs/results_recomputed.py --figure), where the run folders are gone."""
+    for i, (_, differences) in enumerate(columns):
+        if not differences:
+            continue
+        jitter = torch.linspace(-0.25, 0.25, len(differences)).tolist()
+        ax.scatter([i + j for j in jitter], differences, s=10, alpha=0.5, color=f'C{i}')
+        ax.errorbar([i], [statistics.fmean(differences)], yerr=[ci_half_width(differences)], marker='D',
+                    color='black', capsize=6, markersize=6, zorder=3)
+    ax.axhline(0, color='black', lw=0.8)
+    ax.set_xticks(range(len(columns)), [label for label, _ in columns], fontsize=8)
+    ax.set_ylabel('final val loss − attention (nats per char)\n< 0: lower than attention')
+    ax.set_title(f'{setting}: one dot per seed; mean and 95 % CI in black', fontsize=10)
+
+
 def preregistered_figures(results, out, tests, study, comparisons, title, image):
     """A pre-registered study's tests, each `variant − attention` with its role (primary, secondary), a row per
     setting, and one panel per setting with the per-seed differences drawn; the runs' wall time."""
@@ -113,7 +130,8 @@ def preregistered_figures(results, out, tests, study, comparisons, title, image)
     fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 4), squeeze=False)
     wall = []
     for ax, (setting, (loaded, summary)) in zip(axes[0], results.items()):
-        for i, (variant, role) in enumerate(comparisons):
+        columns = []
+        for variant, role in comparisons:
             differences = paired_differences(loaded, variant, 'attention')
             cell = tests.add(family(study, variant, 'attention'), f'{setting}: {variant} − attention', differences)
             below = sum(d < 0 for d in differences)
@@ -121,16 +139,8 @@ def preregistered_figures(results, out, tests, study, comparisons, title, image)
                      if variant in summary else '–')
             lines.append(f"| {setting}: {variant} − attention | {role} | {len(differences)} | {cell} | "
                          f"{below} of {len(differences)} | {where} |")
-            if not differences:
-                continue
-            jitter = torch.linspace(-0.25, 0.25, len(differences)).tolist()
-            ax.scatter([i + j for j in jitter], differences, s=10, alpha=0.5, color=f'C{i}')
-            ax.errorbar([i], [statistics.fmean(differences)], yerr=[ci_half_width(differences)], marker='D',
-                        color='black', capsize=6, markersize=6, zorder=3)
-        ax.axhline(0, color='black', lw=0.8)
-        ax.set_xticks(range(len(comparisons)), [f'{v} − attention\n({role})' for v, role in comparisons], fontsize=8)
-        ax.set_ylabel('final val loss − attention (nats per char)\n< 0: lower than attention')
-        ax.set_title(f'{setting}: one dot per seed; mean and 95 % CI in black', fontsize=10)
+            columns.append((f'{variant} − attention\n({role})', differences))
+        draw_differences(ax, setting, columns)
         seconds = [r['seconds'] for r in loaded.values() if r.get('seconds')]
         if seconds:
             wall.append(f"Wall time, {setting}: {len(seconds)} runs, {sum(seconds) / 3600:.2f} h of training in all, "

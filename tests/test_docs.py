@@ -445,6 +445,35 @@ def test_a_later_sittings_report_is_appended_to_a_studys_files_in_the_reports_or
         module.append_report('corridor', report)
 
 
+def test_the_per_seed_figure_draws_each_variant_minus_attention_by_seed_from_the_published_file(tmp_path,
+                                                                                                 monkeypatch):
+    """`--figure STUDY` draws the report's per-seed panel from the published file alone: a panel per setting, a
+    column per variant − attention with that setting's differences paired by seed (a seed attention lacks is left
+    out), saved as an image; a study without a file, or a command line that is not `--figure STUDY`, is one line."""
+    module = recomputed_module()
+    monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
+    (tmp_path / 'made_up.csv').write_text(
+        'setting,variant,seed,val_loss\n'
+        'b/x,attention,1,2.0\nb/x,corridor,1,1.5\nb/x,fixed,1,2.25\n'
+        'b/x,attention,2,3.0\nb/x,corridor,2,3.5\nb/x,fixed,2,2.0\nb/x,corridor,3,1.0\n'
+        'a/y,attention,1,1.0\na/y,corridor,1,0.75\n')
+    drawn, real = [], module.draw_differences
+
+    def draw(ax, setting, columns):
+        drawn.append((setting, columns))
+        real(ax, setting, columns)
+    monkeypatch.setattr(module, 'draw_differences', draw)
+    module.per_seed_figure('made_up', str(tmp_path / 'made_up.png'))
+    assert drawn == [('b/x', [('corridor − attention', [-0.5, 0.5]), ('fixed − attention', [0.25, -1.0])]),
+                     ('a/y', [('corridor − attention', [-0.25])])]
+    assert (tmp_path / 'made_up.png').read_bytes()[:4] == b'\x89PNG'
+    with pytest.raises(module.UserError, match="no published per-seed file for 'absent'"):
+        module.per_seed_figure('absent', str(tmp_path / 'absent.png'))
+    monkeypatch.setattr(module.sys, 'argv', ['results_recomputed.py', '--figure'])
+    with pytest.raises(module.UserError, match=r'usage: .*\| --figure STUDY\]'):
+        module.main()
+
+
 def test_claim_bs_tables_read_each_runs_layers_and_pair_its_loss_with_attentions_seed():
     """Three seeds of two starts and of attention, one of the rest; four layers a run, layer 0 at γ̄ −0.05 with half its
     heads strictly inside, the others at −0.2 − 0.01·seed, all inside (the spread start: heads still moving more):
