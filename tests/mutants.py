@@ -295,6 +295,11 @@ MUTANTS = [
     Mutant('appended_run_unplanned', 'docs/results_recomputed.py', "for k in new if k[:3] not in planned)",
            "for k in new if k[:3] in ())", ('tests/test_docs.py::test_a_later_sittings_report_is_appended_to_a_studys_'
                                             'files_in_the_reports_order_and_never_changes_a_run',)),
+    Mutant('figure_mixes_settings', 'docs/results_recomputed.py',
+           "for v in dict.fromkeys(v for s, v, _ in runs if s == setting) if v != 'attention'",
+           "for v in dict.fromkeys(v for s, v, _ in runs) if v != 'attention'",
+           ('tests/test_docs.py::test_the_per_seed_figure_draws_each_variant_minus_attention_by_seed_from_the_'
+            'published_file',)),
     Mutant('previous_eval_is_the_last', 'lab/reports.py', "val_loss_previous_eval=repr(run['log'][-2]['val_loss'])",
            "val_loss_previous_eval=repr(run['log'][-1]['val_loss'])",
            ('tests/test_sweep.py::test_the_settled_corridor_study_reports_its_named_tests_and_publishes_every_seed',)),
