@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import UserError, atomic_write, main_guard  # noqa: E402
 from lab.reports import family  # noqa: E402  (the studies' Holm families, as their reports form them)
 from lab.figures import plt, save  # noqa: E402
-from lab.study_figures import PRETRAINED_CELLS, draw_differences, pretrained_variant  # noqa: E402  (as the reports)
+from lab.study_figures import (PREREGISTERED, PRETRAINED_CELLS, comparison_label, draw_differences,  # noqa: E402
+                               pretrained_variant)  # (the reports' cells, and their per-seed figures)
 from lab.studies import LADDER_SIZES, STUDIES, millions, non_embedding_params, parse_variant, setting_config  # noqa: E402
 from lab.stats import (fmt_p, holm, line_fit, paired_test, summary_test, t_quantile, verdict,  # noqa: E402
                        weighted_line_fit)
@@ -919,20 +920,28 @@ def append_report(study, folder):
     return {published: added for published, (_, _, added) in merged.items()}
 
 
-def per_seed_figure(study, image):
-    """The per-seed figure of a study's report (lab/study_figures.py's draw_differences), drawn from its published
-    file alone: a panel per setting, a column per `variant − attention`, one dot per seed, mean and 95 % CI. For a
-    study gathered over sittings, whose earlier run folders (and so its report's figure) are gone."""
+def per_seed_figure(study, folder):
+    """A pre-registered study's per-seed figure, as its report draws it (lab/study_figures.py's PREREGISTERED: a panel
+    per setting, a column per `variant − attention` with its role, one dot per seed, mean and 95 % CI), from its
+    published file alone, into folder/its image: for a study gathered over sittings, whose earlier run folders (and so
+    its report's figure) are gone. The path of the image."""
+    if study not in PREREGISTERED:
+        raise UserError(f"--figure draws a pre-registered study's per-seed figure: {', '.join(PREREGISTERED)}, "
+                        f"not {study!r}")
     path = os.path.join(PER_SEED, f'{study}.csv')
     if not os.path.isfile(path):
-        raise UserError(f"{path} not found: no published per-seed file for {study!r}")
+        raise UserError(f"{path} not found: {study!r} has no published per-seed file yet")
     runs = read_per_seed(path)
+    _, image, comparisons = PREREGISTERED[study]
     settings = list(dict.fromkeys(s for s, _, _ in runs))
     fig, axes = plt.subplots(1, len(settings), figsize=(7 * len(settings), 4), squeeze=False)
     for ax, setting in zip(axes[0], settings):
-        variants = [v for v in dict.fromkeys(v for s, v, _ in runs if s == setting) if v != 'attention']
-        draw_differences(ax, setting, [(f'{v} − attention', seed_pairs(runs, setting, v, 'attention')) for v in variants])
-    save(fig, image)
+        columns = [(comparison_label(v, role), seed_pairs(runs, setting, v, 'attention')) for v, role in comparisons]
+        if not any(differences for _, differences in columns):
+            raise UserError(f"{path}: no run of {setting} pairs with an attention run of its seed")
+        draw_differences(ax, setting, columns)
+    save(fig, os.path.join(folder, image))
+    return os.path.join(folder, image)
 
 
 USAGE = "usage: python docs/results_recomputed.py [--append STUDY REPORT_FOLDER | --figure STUDY]"
@@ -943,8 +952,7 @@ def main():
     if args[:1] == ['--figure']:
         if len(args) != 2:
             raise UserError(USAGE)
-        image = os.path.join(os.path.dirname(os.path.abspath(__file__)), f'{args[1]}.png')
-        per_seed_figure(args[1], image)
+        image = per_seed_figure(args[1], os.path.dirname(os.path.abspath(__file__)))
         print(f"{os.path.relpath(image)}: drawn from docs/per_seed/{args[1]}.csv")
         return
     if args:

@@ -99,9 +99,20 @@ def fixed_gamma_figures(results, out, tests, study):
     return lines + ['', '![fixed γ](fixed_gamma.png)', '']
 
 
-# the powered study of claim (d): its tests, named before any run was read (lab/studies.py)
-POWERED_PRIMARY = ('fixed_gamma=-0.1', 'fixed_gamma=-0.2')  # − attention, Holm over the two
-POWERED_SECONDARY = 'corridor'                               # − attention, alone in its family
+# the pre-registered studies' tests, named before any run was read (lab/studies.py): each `variant − attention` with
+# its role, in the order its report and its per-seed figure draw them; the figure's title and file
+PREREGISTERED = {
+    'fixed_gamma_powered': ('Claim (d), powered', 'fixed_gamma_powered.png',
+                            [('fixed_gamma=-0.1', 'primary (Holm over 2)'), ('fixed_gamma=-0.2', 'primary (Holm over 2)'),
+                             ('corridor', 'secondary')]),
+    'corridor_settled': ('Claim (a) where γ has settled', 'corridor_settled.png',
+                         [('corridor', 'primary (Holm over 2)')] + [(parse_variant(v)[0], 'secondary')
+                                                                   for v in SETTLED[2:]]),
+}
+
+
+def comparison_label(variant, role):
+    return f'{variant} − attention\n({role})'
 
 
 def draw_differences(ax, setting, columns):
@@ -121,9 +132,10 @@ def draw_differences(ax, setting, columns):
     ax.set_title(f'{setting}: one dot per seed; mean and 95 % CI in black', fontsize=10)
 
 
-def preregistered_figures(results, out, tests, study, comparisons, title, image):
-    """A pre-registered study's tests, each `variant − attention` with its role (primary, secondary), a row per
-    setting, and one panel per setting with the per-seed differences drawn; the runs' wall time."""
+def preregistered_figures(results, out, tests, study):
+    """A pre-registered study's tests (PREREGISTERED), each `variant − attention` with its role, a row per setting,
+    and one panel per setting with the per-seed differences drawn; the runs' wall time."""
+    title, image, comparisons = PREREGISTERED[study]
     lines = [f"### {title}: the pre-registered tests", '',
              "| test | role | seeds | mean [95 % CI], p, Holm p, MDE: verdict | seeds below 0 | final γ̄, δ̄ |",
              '|---|---|---|---|---|---|']
@@ -139,7 +151,7 @@ def preregistered_figures(results, out, tests, study, comparisons, title, image)
                      if variant in summary else '–')
             lines.append(f"| {setting}: {variant} − attention | {role} | {len(differences)} | {cell} | "
                          f"{below} of {len(differences)} | {where} |")
-            columns.append((f'{variant} − attention\n({role})', differences))
+            columns.append((comparison_label(variant, role), differences))
         draw_differences(ax, setting, columns)
         seconds = [r['seconds'] for r in loaded.values() if r.get('seconds')]
         if seconds:
@@ -152,18 +164,14 @@ def preregistered_figures(results, out, tests, study, comparisons, title, image)
 
 def fixed_gamma_powered_figures(results, out, tests, study):
     """Claim (d), powered: fixed γ − attention at −0.1 and −0.2 (primary, Holm over the two), corridor − attention."""
-    comparisons = [(v, 'primary (Holm over 2)') for v in POWERED_PRIMARY] + [(POWERED_SECONDARY, 'secondary')]
-    return preregistered_figures(results, out, tests, study, comparisons, 'Claim (d), powered',
-                                 'fixed_gamma_powered.png')
+    return preregistered_figures(results, out, tests, study)
 
 
 def corridor_settled_figures(results, out, tests, study):
     """Claim (a) at 4× the budget: corridor − attention on each corpus (primary, Holm over the two), the higher
     operator learning rate and fixed γ = −0.1 (secondary); then where γ ends and whether attention still improves."""
-    comparisons = [('corridor', 'primary (Holm over 2)')] + [(parse_variant(v)[0], 'secondary') for v in SETTLED[2:]]
-    lines = preregistered_figures(results, out, tests, study, comparisons, 'Claim (a) where γ has settled',
-                                  'corridor_settled.png')
-    return lines + budget_checks(results) + gamma_settling(results, out, 'corridor_settled_gamma.png')
+    return (preregistered_figures(results, out, tests, study) + budget_checks(results)
+            + gamma_settling(results, out, 'corridor_settled_gamma.png'))
 
 
 def budget_checks(results):

@@ -296,8 +296,8 @@ MUTANTS = [
            "for k in new if k[:3] in ())", ('tests/test_docs.py::test_a_later_sittings_report_is_appended_to_a_studys_'
                                             'files_in_the_reports_order_and_never_changes_a_run',)),
     Mutant('figure_mixes_settings', 'docs/results_recomputed.py',
-           "for v in dict.fromkeys(v for s, v, _ in runs if s == setting) if v != 'attention'",
-           "for v in dict.fromkeys(v for s, v, _ in runs) if v != 'attention'",
+           "(comparison_label(v, role), seed_pairs(runs, setting, v, 'attention'))",
+           "(comparison_label(v, role), seed_pairs(runs, settings[0], v, 'attention'))",
            ('tests/test_docs.py::test_the_per_seed_figure_draws_each_variant_minus_attention_by_seed_from_the_'
             'published_file',)),
     Mutant('previous_eval_is_the_last', 'lab/reports.py', "val_loss_previous_eval=repr(run['log'][-2]['val_loss'])",

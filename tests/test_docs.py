@@ -447,15 +447,20 @@ def test_a_later_sittings_report_is_appended_to_a_studys_files_in_the_reports_or
 
 def test_the_per_seed_figure_draws_each_variant_minus_attention_by_seed_from_the_published_file(tmp_path,
                                                                                                  monkeypatch):
-    """`--figure STUDY` draws the report's per-seed panel from the published file alone: a panel per setting, a
-    column per variant − attention with that setting's differences paired by seed (a seed attention lacks is left
-    out), saved as an image; a study without a file, or a command line that is not `--figure STUDY`, is one line."""
+    """`--figure STUDY` draws a pre-registered study's per-seed panel from its published file alone: a panel per
+    setting, a column per test its report names (in the report's order, with its role), that setting's differences
+    paired by seed (a seed attention lacks is left out, wherever it falls), saved as the report's image. Refused in one
+    line: a study whose report draws no such figure, one without a file, a file with nothing to pair, a command line
+    that is not `--figure STUDY`."""
     module = recomputed_module()
     monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
+    monkeypatch.setitem(module.PREREGISTERED, 'made_up', ('a title', 'made_up.png', [('fixed', 'primary'),
+                                                                                       ('corridor', 'secondary')]))
     (tmp_path / 'made_up.csv').write_text(
         'setting,variant,seed,val_loss\n'
+        'b/x,corridor,0,1.0\n'  # no attention run of seed 0: not paired (nor shifted onto seed 1's)
         'b/x,attention,1,2.0\nb/x,corridor,1,1.5\nb/x,fixed,1,2.25\n'
-        'b/x,attention,2,3.0\nb/x,corridor,2,3.5\nb/x,fixed,2,2.0\nb/x,corridor,3,1.0\n'
+        'b/x,attention,2,3.0\nb/x,corridor,2,3.5\nb/x,fixed,2,2.0\n'
         'a/y,attention,1,1.0\na/y,corridor,1,0.75\n')
     drawn, real = [], module.draw_differences
 
@@ -463,12 +468,20 @@ def test_the_per_seed_figure_draws_each_variant_minus_attention_by_seed_from_the
         drawn.append((setting, columns))
         real(ax, setting, columns)
     monkeypatch.setattr(module, 'draw_differences', draw)
-    module.per_seed_figure('made_up', str(tmp_path / 'made_up.png'))
-    assert drawn == [('b/x', [('corridor − attention', [-0.5, 0.5]), ('fixed − attention', [0.25, -1.0])]),
-                     ('a/y', [('corridor − attention', [-0.25])])]
+    assert module.per_seed_figure('made_up', str(tmp_path)) == str(tmp_path / 'made_up.png')
+    assert drawn == [('b/x', [('fixed − attention\n(primary)', [0.25, -1.0]),
+                              ('corridor − attention\n(secondary)', [-0.5, 0.5])]),
+                     ('a/y', [('fixed − attention\n(primary)', []), ('corridor − attention\n(secondary)', [-0.25])])]
     assert (tmp_path / 'made_up.png').read_bytes()[:4] == b'\x89PNG'
-    with pytest.raises(module.UserError, match="no published per-seed file for 'absent'"):
-        module.per_seed_figure('absent', str(tmp_path / 'absent.png'))
+
+    def refused(match, study='made_up'):
+        with pytest.raises(module.UserError, match=match):
+            module.per_seed_figure(study, str(tmp_path))
+    refused("draws a pre-registered study's per-seed figure: .*not 'claims'", 'claims')  # its report draws others
+    monkeypatch.setitem(module.PREREGISTERED, 'absent', module.PREREGISTERED['made_up'])
+    refused("'absent' has no published per-seed file yet", 'absent')
+    (tmp_path / 'made_up.csv').write_text('setting,variant,seed,val_loss\nb/x,corridor,1,1.5\nb/x,fixed,1,2.0\n')
+    refused('no run of b/x pairs with an attention run of its seed')
     monkeypatch.setattr(module.sys, 'argv', ['results_recomputed.py', '--figure'])
     with pytest.raises(module.UserError, match=r'usage: .*\| --figure STUDY\]'):
         module.main()
