@@ -24,8 +24,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import UserError, atomic_write, main_guard  # noqa: E402
 from lab.reports import family  # noqa: E402  (the studies' Holm families, as their reports form them)
-from lab.figures import plt, save  # noqa: E402
-from lab.study_figures import (PREREGISTERED, PRETRAINED_CELLS, comparison_label, draw_differences,  # noqa: E402
+from lab.study_figures import (PREREGISTERED, PRETRAINED_CELLS, comparison_label, draw_preregistered,  # noqa: E402
                                pretrained_variant)  # (the reports' cells, and their per-seed figures)
 from lab.studies import LADDER_SIZES, STUDIES, millions, non_embedding_params, parse_variant, setting_config  # noqa: E402
 from lab.stats import (fmt_p, holm, line_fit, paired_test, summary_test, t_quantile, verdict,  # noqa: E402
@@ -933,14 +932,13 @@ def per_seed_figure(study, folder):
         raise UserError(f"{path} not found: {study!r} has no published per-seed file yet")
     runs = read_per_seed(path)
     _, image, comparisons = PREREGISTERED[study]
-    settings = list(dict.fromkeys(s for s, _, _ in runs))
-    fig, axes = plt.subplots(1, len(settings), figsize=(7 * len(settings), 4), squeeze=False)
-    for ax, setting in zip(axes[0], settings):
+    panels = []
+    for setting in dict.fromkeys(s for s, _, _ in runs):
         columns = [(comparison_label(v, role), seed_pairs(runs, setting, v, 'attention')) for v, role in comparisons]
         if not any(differences for _, differences in columns):
             raise UserError(f"{path}: no run of {setting} pairs with an attention run of its seed")
-        draw_differences(ax, setting, columns)
-    save(fig, os.path.join(folder, image))
+        panels.append((setting, columns))
+    draw_preregistered(panels, os.path.join(folder, image))
     return os.path.join(folder, image)
 
 

@@ -132,6 +132,14 @@ def draw_differences(ax, setting, columns):
     ax.set_title(f'{setting}: one dot per seed; mean and 95 % CI in black', fontsize=10)
 
 
+def draw_preregistered(panels, path):
+    """A pre-registered study's per-seed figure: one panel per (setting, columns) side by side (draw_differences)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4), squeeze=False)
+    for ax, (setting, columns) in zip(axes[0], panels):
+        draw_differences(ax, setting, columns)
+    save(fig, path)
+
+
 def preregistered_figures(results, out, tests, study):
     """A pre-registered study's tests (PREREGISTERED), each `variant − attention` with its role, a row per setting,
     and one panel per setting with the per-seed differences drawn; the runs' wall time."""
@@ -139,9 +147,8 @@ def preregistered_figures(results, out, tests, study):
     lines = [f"### {title}: the pre-registered tests", '',
              "| test | role | seeds | mean [95 % CI], p, Holm p, MDE: verdict | seeds below 0 | final γ̄, δ̄ |",
              '|---|---|---|---|---|---|']
-    fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 4), squeeze=False)
-    wall = []
-    for ax, (setting, (loaded, summary)) in zip(axes[0], results.items()):
+    panels, wall = [], []
+    for setting, (loaded, summary) in results.items():
         columns = []
         for variant, role in comparisons:
             differences = paired_differences(loaded, variant, 'attention')
@@ -152,13 +159,13 @@ def preregistered_figures(results, out, tests, study):
             lines.append(f"| {setting}: {variant} − attention | {role} | {len(differences)} | {cell} | "
                          f"{below} of {len(differences)} | {where} |")
             columns.append((comparison_label(variant, role), differences))
-        draw_differences(ax, setting, columns)
+        panels.append((setting, columns))
         seconds = [r['seconds'] for r in loaded.values() if r.get('seconds')]
         if seconds:
             wall.append(f"Wall time, {setting}: {len(seconds)} runs, {sum(seconds) / 3600:.2f} h of training in all, "
                         f"median {statistics.median(seconds):.1f} s a run (range {min(seconds):.1f}–"
                         f"{max(seconds):.1f} s; the cores were shared with other work)")
-    save(fig, os.path.join(out, image))
+    draw_preregistered(panels, os.path.join(out, image))
     return lines + [''] + [line for text in wall for line in (text, '')] + [f'![per-seed differences]({image})', '']
 
 

@@ -297,7 +297,7 @@ MUTANTS = [
                                             'files_in_the_reports_order_and_never_changes_a_run',)),
     Mutant('figure_mixes_settings', 'docs/results_recomputed.py',
            "(comparison_label(v, role), seed_pairs(runs, setting, v, 'attention'))",
-           "(comparison_label(v, role), seed_pairs(runs, settings[0], v, 'attention'))",
+           "(comparison_label(v, role), seed_pairs(runs, next(iter(runs))[0], v, 'attention'))",
            ('tests/test_docs.py::test_the_per_seed_figure_draws_each_variant_minus_attention_by_seed_from_the_'
             'published_file',)),
     Mutant('previous_eval_is_the_last', 'lab/reports.py', "val_loss_previous_eval=repr(run['log'][-2]['val_loss'])",

@@ -462,12 +462,12 @@ def test_the_per_seed_figure_draws_each_variant_minus_attention_by_seed_from_the
         'b/x,attention,1,2.0\nb/x,corridor,1,1.5\nb/x,fixed,1,2.25\n'
         'b/x,attention,2,3.0\nb/x,corridor,2,3.5\nb/x,fixed,2,2.0\n'
         'a/y,attention,1,1.0\na/y,corridor,1,0.75\n')
-    drawn, real = [], module.draw_differences
+    drawn, real = [], module.draw_preregistered
 
-    def draw(ax, setting, columns):
-        drawn.append((setting, columns))
-        real(ax, setting, columns)
-    monkeypatch.setattr(module, 'draw_differences', draw)
+    def draw(panels, path):
+        drawn.extend(panels)
+        real(panels, path)
+    monkeypatch.setattr(module, 'draw_preregistered', draw)
     assert module.per_seed_figure('made_up', str(tmp_path)) == str(tmp_path / 'made_up.png')
     assert drawn == [('b/x', [('fixed − attention\n(primary)', [0.25, -1.0]),
                               ('corridor − attention\n(secondary)', [-0.5, 0.5])]),
