@@ -6,7 +6,8 @@ docs/studies.md that come from them (TABLES; tests/test_docs.py finds them on th
 per-seed files are not regenerated yet, the summaries the README and docs/ state (mean and SD of the paired
 differences, seeds per cell): p-values from a 4-decimal SD are approximate where the SD is 0.0001–0.0006. Also the
 geometry study's walk file (each run's walk diagnostics per depth regime; its quotes in studies.md are rendered here
-too), the ladder's two slopes (pre-registered unweighted, precision-weighted) and the 135M study's first sitting.
+too), the scales' and the ladder's fits on size (unweighted over seed pairs, precision-weighted) and the 135M study's
+first sitting.
 
     python docs/results_recomputed.py          # -> docs/results_recomputed.md
     python docs/results_recomputed.py --append corridor_settled R/corridor_settled
@@ -27,19 +28,13 @@ from lab.reports import family  # noqa: E402  (the studies' Holm families, as th
 from lab.study_figures import (PREREGISTERED, PRETRAINED_CELLS, comparison_label, draw_preregistered,  # noqa: E402
                                pretrained_variant)  # (the reports' cells, and their per-seed figures)
 from lab.studies import LADDER_SIZES, STUDIES, millions, non_embedding_params, parse_variant, setting_config  # noqa: E402
-from lab.stats import (fmt_p, holm, line_fit, paired_test, summary_test, t_quantile, verdict,  # noqa: E402
+from lab.stats import (fmt_p, holm, line_fit, paired_test, summary_test, verdict,  # noqa: E402
                        weighted_line_fit)
 
 PER_SEED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'per_seed')
 
 TS, WT = 'Tiny Shakespeare', 'WikiText-2 (char)'
 
-# the ladder (studies.md, `--study=ladder`, Tiny Shakespeare, 4 tokens per non-embedding parameter): (rung,
-# non-embedding parameters of its corridor runs, corridor − attention mean, its 95 % CI low, high, seeds). The page
-# states the CI, not the SD: SD = half-width · √n / t_0.975(n − 1). ladder-l's three differences are stated: used as is.
-LADDER = [('ladder-xs', 55_544, -0.00015, -0.00044, +0.00013, 6), ('ladder-s', 187_146, +0.00003, -0.00075, +0.00082, 6),
-          ('ladder-m', 443_264, -0.0033, -0.0045, -0.0020, 6)]
-LADDER_L = ('ladder-l', 1_177_590, [+0.0156, +0.0030, -0.0075])
 # SmolLM2-135M operator-only, first sitting (pretrained.md, 2 seeds): final validation losses by seed, and the frozen
 # model's (each run's iteration-0 loss); its three comparisons are one Holm family
 SITTING = {'corridor': (3.5145, 3.5700), 'δ only': (3.5511, 3.6036), 'frozen model': (3.6343, 3.6843)}
@@ -783,43 +778,6 @@ def study_tables():
     return tables
 
 
-def fit_from_groups(groups):
-    """Least squares of every seed pair's difference on log10(parameters), from the groups' (x, mean, SD, n) alone:
-    the sums of squares decompose into within-group (SD²·(n − 1)) and between-group parts, so this equals the fit
-    over the individual pairs."""
-    n = sum(g[3] for g in groups)
-    mx = sum(g[0] * g[3] for g in groups) / n
-    my = sum(g[1] * g[3] for g in groups) / n
-    sxx = sum(g[3] * (g[0] - mx) ** 2 for g in groups)
-    slope = sum(g[3] * (g[0] - mx) * (g[1] - my) for g in groups) / sxx
-    sse = sum((g[3] - 1) * g[2] ** 2 + g[3] * (g[1] - my - slope * (g[0] - mx)) ** 2 for g in groups)
-    se = math.sqrt(sse / (n - 2) / sxx)
-    half = t_quantile(0.975, n - 2) * se
-    return slope, slope - half, slope + half, n
-
-
-def ladder_rungs():
-    """(rung, log10 non-embedding parameters, mean, SD, n) of the ladder's corridor − attention differences."""
-    rungs = [(name, math.log10(params), mean, (high - low) / 2 * math.sqrt(n) / t_quantile(0.975, n - 1), n)
-             for name, params, mean, low, high, n in LADDER]
-    name, params, seeds = LADDER_L
-    return rungs + [(name, math.log10(params), statistics.fmean(seeds), statistics.stdev(seeds), len(seeds))]
-
-
-def ladder_fits():
-    """The ladder's two slopes per tenfold non-embedding parameters: the pre-registered one, least squares over
-    every seed pair (exact from the rungs' summaries, fit_from_groups), and the precision-weighted one, weighted
-    least squares of the rung means with weights 1/SE² (lab.stats.weighted_line_fit: scale from the residuals, t on
-    k − 2 df); with the weighted χ² of the rung means about the weighted line, which is about k − 2 if the means
-    scatter only as their SEs say."""
-    rungs = ladder_rungs()
-    xs, means = [x for _, x, _, _, _ in rungs], [m for _, _, m, _, _ in rungs]
-    weights = [n / sd ** 2 for _, _, _, sd, n in rungs]  # 1/SE²
-    weighted = weighted_line_fit(xs, means, [w ** -0.5 for w in weights])
-    chi2 = weighted_chi2(xs, means, weights, weighted[0])
-    return fit_from_groups([(x, m, sd, n) for _, x, m, sd, n in rungs]), weighted, chi2
-
-
 def render():
     """The page's text."""
     out = ["# The CPU results recomputed: CIs, p, Holm, power", '',
@@ -843,24 +801,19 @@ def render():
         out.append(f"- {name}: unweighted over seed pairs {slope:+.4f} per tenfold, 95 % CI [{low:+.4f}, {high:+.4f}], "
                    f"p {fmt_p(p)} ({pairs} pairs); precision-weighted over the {k} sizes' means {w_slope:+.4f} "
                    f"[{w_low:+.4f}, {w_high:+.4f}], p {fmt_p(w_p)} (weighted χ² {chi2:.1f} on {k - 2} df)")
-    out += ['', "## Ladder: corridor − attention at 4 tokens per non-embedding parameter, Tiny Shakespeare: one family "
-            "over the four rungs (m = 4)", '',
-            "The SDs are recomputed from the stated 95 % CIs (SD = half-width · √n / t_0.975(n − 1)); ladder-l's "
-            "from its three stated differences.", '', *HEADER]
-    out += rows([(f"{name} ({10 ** x / 1e6:.3f}M)", TS, m, sd, n) for name, x, m, sd, n in ladder_rungs()],
-                lambda c: 'ladder')
-    (slope, low, high, pairs), (w_slope, w_low, w_high, w_p, k), chi2 = ladder_fits()
-    out += ['', "Corridor − attention against log10(non-embedding parameters), two fits of the same rungs:", '',
+    ladder = read_file('ladder')
+    (slope, low, high, p, pairs), (w_slope, w_low, w_high, w_p, k), chi2, _ = size_fits(
+        ladder, [f'shakespeare_char/{rung}' for rung in RUNGS])
+    out += ['', "## Ladder: corridor − attention against size at 4 tokens per non-embedding parameter", '',
+            "The four rungs' cells are in `ladder`'s section above (one Holm family, m = 4). Two fits of the same runs "
+            "on log10(non-embedding parameters), confounded with run length (at equal tokens per parameter the larger "
+            "rungs train longer, and γ moves further the longer a run trains):", '',
             f"- pre-registered, unweighted over seed pairs (the primary test): {slope:+.4f} per tenfold, 95 % CI "
-            f"[{low:+.4f}, {high:+.4f}] ({pairs} pairs, t on {pairs - 2} df; every pair weighs the same, though the "
-            f"rungs' SDs differ about 40×)",
+            f"[{low:+.4f}, {high:+.4f}], p {fmt_p(p)} ({pairs} pairs, t on {pairs - 2} df)",
             f"- precision-weighted: {w_slope:+.4f} per tenfold, 95 % CI [{w_low:+.4f}, {w_high:+.4f}], p {fmt_p(w_p)} "
             f"(weighted least squares of the {k} rung means, weights 1/SE², scale from the residuals, t on {k - 2} df; "
-            f"the means scatter about the line more than their SEs allow: weighted χ² {chi2:.1f} on {k - 2} df). "
-            "Confounded with run length: at equal tokens per parameter the larger rungs train longer (300 to 6,120 "
-            "iterations), and γ moves further the longer a run trains.",
-            '',
-            "## SmolLM2-135M operator-only, the first sitting (2 seeds, pretrained.md): one family, its three "
+            f"weighted χ² {chi2:.1f} on {k - 2} df)",
+            '',             "## SmolLM2-135M operator-only, the first sitting (2 seeds, pretrained.md): one family, its three "
             "comparisons (m = 3)", '',
             "From the per-seed final losses the page states (4 decimals); 1 df per test.", '', *HEADER]
     first = [(f"{a} − {b}", 'WikiText-2 (SmolLM2 tokens)', paired_test([x - y for x, y in zip(SITTING[a], SITTING[b])]))

@@ -127,20 +127,6 @@ def test_the_verdict_check_reads_a_holm_column_and_prose():
                                        'page:8: **lower** with no Holm p beside it']
 
 
-def test_the_ladders_two_slopes_on_the_page_are_the_ones_its_summaries_give():
-    """docs/studies.md states the pre-registered slope (unweighted over seed pairs) and the precision-weighted one;
-    both are what docs/results_recomputed.py computes from the ladder table's rungs."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location('results_recomputed', REPO / 'docs' / 'results_recomputed.py')
-    recomputed = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recomputed)
-    (slope, low, high, pairs), (w_slope, w_low, w_high, w_p, k), _ = recomputed.ladder_fits()
-    page = (REPO / 'docs' / 'studies.md').read_text().replace('−', '-')
-    assert (pairs, k) == (21, 4)
-    assert f'pre-registered, unweighted over seed pairs (the primary test) | {slope:+.4f} [{low:+.4f}, {high:+.4f}]' in page
-    assert f'precision-weighted (not named in advance) | {w_slope:+.4f} [{w_low:+.4f}, {w_high:+.4f}], p {w_p:.2f}' in page
-
-
 def recomputed_module():
     import importlib.util
     spec = importlib.util.spec_from_file_location('results_recomputed', REPO / 'docs' / 'results_recomputed.py')
@@ -318,29 +304,46 @@ def test_the_scales_table_holds_its_six_cells_in_one_holm_family_and_fits_every_
     assert medium == '(+0.0030, −0.0120, −0.0080)'
 
 
-def test_the_ladder_from_a_per_seed_file_gives_the_fits_its_stated_summaries_give():
-    """Seed pairs built to have each rung's stated mean and SD (ladder-l: its three stated differences): the table's
-    fits from the file, over the pairs and over the rung means weighted 1/SE², equal ladder_fits' from the summaries
-    alone, as does the weighted χ²; the rows are each rung's cell, Holm over the four."""
+def test_the_ladders_table_and_its_two_fits_on_size_from_a_per_seed_file():
+    """Made-up seed pairs (6, 6, 6, 3 seeds; the SDs differ 40×, as the ladder's did): the table's two fits on
+    log10(non-embedding parameters) equal the closed forms computed here, the pre-registered one by least squares over
+    every seed pair, the precision-weighted one over the rung means with weights 1/SE² and its scale from the
+    residuals (weighted χ² / (k − 2)); the rows are each rung's cell, Holm over the four."""
+    from scipy import stats as scipy_stats
     module = recomputed_module()
-    runs = {}
-    for name, _, mean, sd, n in module.ladder_rungs():
-        z = [k - (n - 1) / 2 for k in range(n)]
-        scale = statistics.stdev(z)
-        differences = list(module.LADDER_L[2]) if name == 'ladder-l' else [mean + sd * x / scale for x in z]
-        for k, d in enumerate(differences):
+    spreads = {'ladder-xs': (-0.0002, 0.0003, 6), 'ladder-s': (0.0001, 0.0009, 6), 'ladder-m': (-0.0033, 0.0015, 6),
+               'ladder-l': (0.0040, 0.0120, 3)}
+    runs, xs, pairs = {}, {}, {}
+    for name, (mean, sd, n) in spreads.items():
+        setting = f'shakespeare_char/{name}'
+        xs[name] = math.log10(module.non_embedding_params({**module.setting_config(setting), 'operator': 'corridor'}))
+        pairs[name] = [mean + sd * (k - (n - 1) / 2) + 0.0001 * k * k for k in range(n)]
+        for k, d in enumerate(pairs[name]):
             for variant, loss in (('attention', 2.0 + 0.01 * k), ('corridor', 2.0 + 0.01 * k + d)):
-                runs[(f'shakespeare_char/{name}', variant, k)] = dict(val_loss=loss, tokens='230400',
-                                                                       gamma_mean='-0.03', delta_mean='0.97')
+                runs[(setting, variant, k)] = dict(val_loss=loss, tokens='230400', gamma_mean='-0.03', delta_mean='0.97')
     table, unweighted, weighted, chi2_text = module.ladder_table(runs)
-    (slope, low, high, pairs), (w_slope, w_low, w_high, w_p, k), chi2 = module.ladder_fits()
+
+    def slope_and_ci(x, y, w, df, scale):  # weighted least squares through the weighted centre
+        x_bar, y_bar = sum(a * b for a, b in zip(w, x)) / sum(w), sum(a * b for a, b in zip(w, y)) / sum(w)
+        sxx = sum(a * (b - x_bar) ** 2 for a, b in zip(w, x))
+        slope = sum(a * (b - x_bar) * (c - y_bar) for a, b, c in zip(w, x, y)) / sxx
+        chi2 = sum(a * (c - y_bar - slope * (b - x_bar)) ** 2 for a, b, c in zip(w, x, y))
+        se = math.sqrt((chi2 / df if scale else 1) / sxx)
+        half = scipy_stats.t.ppf(0.975, df) * se
+        return slope, slope - half, slope + half, 2 * scipy_stats.t.sf(abs(slope / se), df), chi2
+
+    every_x = [xs[name] for name in spreads for _ in pairs[name]]
+    every_d = [d for name in spreads for d in pairs[name]]
+    slope, low, high, _, _ = slope_and_ci(every_x, every_d, [1.0] * len(every_d), len(every_d) - 2, True)
+    means = [statistics.fmean(pairs[name]) for name in spreads]
+    weights = [len(pairs[name]) / statistics.variance(pairs[name]) for name in spreads]
+    w_slope, w_low, w_high, w_p, chi2 = slope_and_ci(list(xs.values()), means, weights, 2, True)
     assert unweighted.startswith(f"pre-registered, unweighted over seed pairs (the primary test) | {module.signed(slope)} "
-                                 f"[{module.signed(low)}, {module.signed(high)}]") and f'{pairs} pairs' in unweighted
+                                 f"[{module.signed(low)}, {module.signed(high)}]") and '21 pairs' in unweighted
     assert weighted.startswith(f"precision-weighted (not named in advance) | {module.signed(w_slope)} "
                                f"[{module.signed(w_low)}, {module.signed(w_high)}], p {w_p:.2f}")
-    assert chi2_text == f"weighted χ² {chi2:.1f} on {k - 2} df"
-    tests = [module.paired_test(module.seed_pairs(runs, f'shakespeare_char/{name}', 'corridor', 'attention'))
-             for name in module.RUNGS]
+    assert chi2_text == f"weighted χ² {chi2:.1f} on 2 df"
+    tests = [module.paired_test(pairs[name]) for name in module.RUNGS]
     holm = module.holm([t.p for t in tests])
     for name, t, p_holm in zip(module.RUNGS, tests, holm):
         row = next(line for line in table.splitlines() if line.startswith(f'| {name} | '))
