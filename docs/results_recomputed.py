@@ -457,7 +457,7 @@ def ladder_table(runs):
             f"{signed(high)}], p {p:.2f} | least squares of every seed pair's difference, {pairs} pairs at {len(RUNGS)} "
             f"sizes, t on {pairs - 2} df",
             f"precision-weighted (not named in advance) | {signed(w_slope)} [{signed(w_low)}, {signed(w_high)}], "
-            f"p {w_p:.2f} | weighted least squares of the {k} rung means",
+            f"p {w_p:.2f} | weighted least squares of the {k} rung means, weights 1/SE² of each mean",
             f"weighted χ² {chi2:.1f} on {k - 2} df"]
 
 
@@ -813,7 +813,8 @@ def render():
             f"- precision-weighted: {w_slope:+.4f} per tenfold, 95 % CI [{w_low:+.4f}, {w_high:+.4f}], p {fmt_p(w_p)} "
             f"(weighted least squares of the {k} rung means, weights 1/SE², scale from the residuals, t on {k - 2} df; "
             f"weighted χ² {chi2:.1f} on {k - 2} df)",
-            '',             "## SmolLM2-135M operator-only, the first sitting (2 seeds, pretrained.md): one family, its three "
+            '',
+            "## SmolLM2-135M operator-only, the first sitting (2 seeds, pretrained.md): one family, its three "
             "comparisons (m = 3)", '',
             "From the per-seed final losses the page states (4 decimals); 1 df per test.", '', *HEADER]
     first = [(f"{a} − {b}", 'WikiText-2 (SmolLM2 tokens)', paired_test([x - y for x, y in zip(SITTING[a], SITTING[b])]))

@@ -305,7 +305,7 @@ def test_the_scales_table_holds_its_six_cells_in_one_holm_family_and_fits_every_
 
 
 def test_the_ladders_table_and_its_two_fits_on_size_from_a_per_seed_file():
-    """Made-up seed pairs (6, 6, 6, 3 seeds; the SDs differ 40×, as the ladder's did): the table's two fits on
+    """Made-up seed pairs (6, 6, 6, 3 seeds; SDs 0.0003 to 0.012, 40× apart, as the ladder's): the table's two fits on
     log10(non-embedding parameters) equal the closed forms computed here, the pre-registered one by least squares over
     every seed pair, the precision-weighted one over the rung means with weights 1/SE² and its scale from the
     residuals (weighted χ² / (k − 2)); the rows are each rung's cell, Holm over the four."""
@@ -317,29 +317,31 @@ def test_the_ladders_table_and_its_two_fits_on_size_from_a_per_seed_file():
     for name, (mean, sd, n) in spreads.items():
         setting = f'shakespeare_char/{name}'
         xs[name] = math.log10(module.non_embedding_params({**module.setting_config(setting), 'operator': 'corridor'}))
-        pairs[name] = [mean + sd * (k - (n - 1) / 2) + 0.0001 * k * k for k in range(n)]
+        z = [k - (n - 1) / 2 for k in range(n)]
+        pairs[name] = [mean + sd * x / statistics.stdev(z) for x in z]  # mean and SD exactly
         for k, d in enumerate(pairs[name]):
             for variant, loss in (('attention', 2.0 + 0.01 * k), ('corridor', 2.0 + 0.01 * k + d)):
                 runs[(setting, variant, k)] = dict(val_loss=loss, tokens='230400', gamma_mean='-0.03', delta_mean='0.97')
     table, unweighted, weighted, chi2_text = module.ladder_table(runs)
 
-    def slope_and_ci(x, y, w, df, scale):  # weighted least squares through the weighted centre
+    def slope_and_ci(x, y, w, df):  # weighted least squares through the weighted centre, scale χ² / df
         x_bar, y_bar = sum(a * b for a, b in zip(w, x)) / sum(w), sum(a * b for a, b in zip(w, y)) / sum(w)
         sxx = sum(a * (b - x_bar) ** 2 for a, b in zip(w, x))
         slope = sum(a * (b - x_bar) * (c - y_bar) for a, b, c in zip(w, x, y)) / sxx
         chi2 = sum(a * (c - y_bar - slope * (b - x_bar)) ** 2 for a, b, c in zip(w, x, y))
-        se = math.sqrt((chi2 / df if scale else 1) / sxx)
+        se = math.sqrt(chi2 / df / sxx)
         half = scipy_stats.t.ppf(0.975, df) * se
         return slope, slope - half, slope + half, 2 * scipy_stats.t.sf(abs(slope / se), df), chi2
 
     every_x = [xs[name] for name in spreads for _ in pairs[name]]
     every_d = [d for name in spreads for d in pairs[name]]
-    slope, low, high, _, _ = slope_and_ci(every_x, every_d, [1.0] * len(every_d), len(every_d) - 2, True)
+    slope, low, high, p, _ = slope_and_ci(every_x, every_d, [1.0] * len(every_d), len(every_d) - 2)
     means = [statistics.fmean(pairs[name]) for name in spreads]
     weights = [len(pairs[name]) / statistics.variance(pairs[name]) for name in spreads]
-    w_slope, w_low, w_high, w_p, chi2 = slope_and_ci(list(xs.values()), means, weights, 2, True)
+    w_slope, w_low, w_high, w_p, chi2 = slope_and_ci(list(xs.values()), means, weights, 2)
     assert unweighted.startswith(f"pre-registered, unweighted over seed pairs (the primary test) | {module.signed(slope)} "
-                                 f"[{module.signed(low)}, {module.signed(high)}]") and '21 pairs' in unweighted
+                                 f"[{module.signed(low)}, {module.signed(high)}], p {p:.2f}") and '21 pairs' in unweighted
+    assert 't on 19 df' in unweighted
     assert weighted.startswith(f"precision-weighted (not named in advance) | {module.signed(w_slope)} "
                                f"[{module.signed(w_low)}, {module.signed(w_high)}], p {w_p:.2f}")
     assert chi2_text == f"weighted χ² {chi2:.1f} on 2 df"
