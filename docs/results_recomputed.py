@@ -399,6 +399,16 @@ def weighted_chi2(xs, means, weights, slope):
     return sum(w * (m - y_bar - slope * (x - x_bar)) ** 2 for w, x, m in zip(weights, xs, means))
 
 
+def fit_words(fits):
+    """One result of size_fits as render() prints it: (the unweighted fit's words, the precision-weighted one's)."""
+    (slope, low, high, p, pairs), (w_slope, w_low, w_high, w_p, k), chi2, _ = fits
+    return (f"unweighted over seed pairs {slope:+.4f} per tenfold, 95 % CI [{low:+.4f}, {high:+.4f}], p {fmt_p(p)} "
+            f"({pairs} pairs, t on {pairs - 2} df)",
+            f"precision-weighted over the {k} sizes' means {w_slope:+.4f} per tenfold, 95 % CI [{w_low:+.4f}, "
+            f"{w_high:+.4f}], p {fmt_p(w_p)} (weights 1/SE², scale from the residuals, t on {k - 2} df; weighted χ² "
+            f"{chi2:.1f} on {k - 2} df)")
+
+
 def scales_table(runs):
     """The scales section's table (corridor − attention per size and corpus, Holm over the six cells, where γ ends),
     the unweighted fit on log10(non-embedding parameters) per corpus, and the cells the page quotes: the tiny size's
@@ -796,23 +806,14 @@ def render():
            "confounded with tokens per parameter, 9.3 / 1.2 / 0.7):", '']
     scales = read_file('scales')
     for corpus, name in CORPORA.items():
-        (slope, low, high, p, pairs), (w_slope, w_low, w_high, w_p, k), chi2, _ = size_fits(
-            scales, [f'{corpus}/{size}' for size in SIZES])
-        out.append(f"- {name}: unweighted over seed pairs {slope:+.4f} per tenfold, 95 % CI [{low:+.4f}, {high:+.4f}], "
-                   f"p {fmt_p(p)} ({pairs} pairs); precision-weighted over the {k} sizes' means {w_slope:+.4f} "
-                   f"[{w_low:+.4f}, {w_high:+.4f}], p {fmt_p(w_p)} (weighted χ² {chi2:.1f} on {k - 2} df)")
-    ladder = read_file('ladder')
-    (slope, low, high, p, pairs), (w_slope, w_low, w_high, w_p, k), chi2, _ = size_fits(
-        ladder, [f'shakespeare_char/{rung}' for rung in RUNGS])
+        unweighted, weighted = fit_words(size_fits(scales, [f'{corpus}/{size}' for size in SIZES]))
+        out.append(f"- {name}: {unweighted}; {weighted}")
+    unweighted, weighted = fit_words(size_fits(read_file('ladder'), [f'shakespeare_char/{rung}' for rung in RUNGS]))
     out += ['', "## Ladder: corridor − attention against size at 4 tokens per non-embedding parameter", '',
             "The four rungs' cells are in `ladder`'s section above (one Holm family, m = 4). Two fits of the same runs "
             "on log10(non-embedding parameters), confounded with run length (at equal tokens per parameter the larger "
             "rungs train longer, and γ moves further the longer a run trains):", '',
-            f"- pre-registered, unweighted over seed pairs (the primary test): {slope:+.4f} per tenfold, 95 % CI "
-            f"[{low:+.4f}, {high:+.4f}], p {fmt_p(p)} ({pairs} pairs, t on {pairs - 2} df)",
-            f"- precision-weighted: {w_slope:+.4f} per tenfold, 95 % CI [{w_low:+.4f}, {w_high:+.4f}], p {fmt_p(w_p)} "
-            f"(weighted least squares of the {k} rung means, weights 1/SE², scale from the residuals, t on {k - 2} df; "
-            f"weighted χ² {chi2:.1f} on {k - 2} df)",
+            f"- pre-registered (the primary test): {unweighted}", f"- {weighted}",
             '',
             "## SmolLM2-135M operator-only, the first sitting (2 seeds, pretrained.md): one family, its three "
             "comparisons (m = 3)", '',
