@@ -160,9 +160,12 @@ def per_seed_sections():
         else:
             out.append("No attention run to pair with: the final losses only.")
         for setting, a, b, t, p_holm, m, below in cells:
-            words = verdict_words(t, p_holm) if math.isfinite(p_holm) else 'inconclusive (one seed)'
-            out.append(f"| {setting} | {a} − {b} | {t.n} | {t.mean:+.5f} [{t.low:+.5f}, {t.high:+.5f}] | "
-                       f"{fmt_p(t.p)} | {fmt_p(p_holm)} ({m}) | {t.mde:.5f} | {below} of {t.n} | {words} |")
+            if t.n > 1:
+                tested = (f"{t.mean:+.5f} [{t.low:+.5f}, {t.high:+.5f}] | {fmt_p(t.p)} | {fmt_p(p_holm)} ({m}) | "
+                          f"{t.mde:.5f} | {below} of {t.n} | {verdict_words(t, p_holm)}")
+            else:  # one difference, no spread to test it against
+                tested = f"{t.mean:+.5f} | – | – | – | {below} of 1 | no test (one seed)"
+            out.append(f"| {setting} | {a} − {b} | {t.n} | {tested} |")
         for setting in dict.fromkeys(s for s, _, _ in runs):
             means = []
             for variant in dict.fromkeys(v for s, v, _ in runs if s == setting):
@@ -821,8 +824,8 @@ def render():
     first = [(f"{a} − {b}", 'WikiText-2 (SmolLM2 tokens)', paired_test([x - y for x, y in zip(SITTING[a], SITTING[b])]))
              for a, b in (('corridor', 'δ only'), ('corridor', 'frozen model'), ('δ only', 'frozen model'))]
     out += rows([(label, corpus, t.mean, t.sd, t.n) for label, corpus, t in first], lambda c: 'first sitting')
-    out += ['', "## Claim (b): a share of heads per seed, not a paired difference: its 3-seed table (`--study=gamma_dynamics`) "
-            "is in studies.md.", '']
+    out += ['', "## Claim (b): a share of heads per seed, not a paired difference: `gamma_dynamics`' tables are rendered "
+            "on studies.md from its per-seed and per-layer files (`gamma_dynamics_table`).", '']
     return '\n'.join(out) + '\n'
 
 

@@ -142,12 +142,13 @@ def test_results_recomputed_md_is_what_its_script_computes_from_the_per_seed_fil
 
 def test_a_per_seed_file_is_recomputed_exactly_paired_by_seed_with_holm_over_the_studys_family(tmp_path, monkeypatch):
     """Three seeds, two settings: corridor − attention paired by seed within each setting (seed 2 of b has no
-    attention run: left out), one Holm family over the two settings as the study's report forms it."""
+    attention run: left out), one Holm family over the two settings as the study's report forms it; a variant with one
+    seed shows its difference and no test, and does not enter the family."""
     module = recomputed_module()
     rows = [('a', 'attention', 0, 2.0), ('a', 'attention', 1, 2.1), ('a', 'attention', 2, 2.2),
             ('a', 'corridor', 0, 1.9), ('a', 'corridor', 1, 2.05), ('a', 'corridor', 2, 2.1),
             ('b', 'attention', 0, 3.0), ('b', 'attention', 1, 3.0), ('b', 'corridor', 0, 3.01), ('b', 'corridor', 1, 2.98),
-            ('b', 'corridor', 2, 1.0)]
+            ('b', 'corridor', 2, 1.0), ('a', 'corridor_lr', 1, 2.125)]
     (tmp_path / 'toy.csv').write_text('setting,variant,seed,iter,tokens,val_loss,gamma_mean,delta_mean,seconds\n' + ''.join(
         f'{s},{v},{k},10,100,{repr(x)},-0.1,0.9,1.0\n' for s, v, k, x in rows))
     monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
@@ -160,7 +161,9 @@ def test_a_per_seed_file_is_recomputed_exactly_paired_by_seed_with_holm_over_the
     low, high = sorted((ta.p, tb.p))
     assert sorted((pa, pb)) == pytest.approx([2 * low, max(2 * low, high)])
     page = '\n'.join(module.per_seed_sections())
-    assert '## `toy` from its per-seed file (11 runs;' in page and '| a | corridor − attention | 3 | ' in page
+    assert '## `toy` from its per-seed file (12 runs;' in page and '| a | corridor − attention | 3 | ' in page
+    assert '| a | corridor_lr − attention | 1 | +0.02500 | – | – | – | 0 of 1 | no test (one seed) |' in page
+    assert 'nan' not in page and cells[('a', 'corridor_lr')][2] == 0
 
 
 def test_a_walk_file_is_paired_by_seed_against_attentions_part_p_with_holm_per_variant_and_part(tmp_path):
@@ -593,7 +596,8 @@ def test_runs_two_studies_share_have_one_set_of_numbers_in_their_per_seed_files(
 
 def test_the_per_seed_folders_page_counts_each_files_runs_and_lists_every_file():
     """docs/per_seed/README.md's table of how each file was made: the runs it states are the file's rows (the
-    walk file: its runs), and no published file is left out of the table."""
+    walk file: its runs; a per-layer file: the runs it has layers of, those with operator scalars), and no published
+    file is left out of the table."""
     module = recomputed_module()
     folder = REPO / 'docs' / 'per_seed'
     stated = {}
@@ -604,4 +608,7 @@ def test_the_per_seed_folders_page_counts_each_files_runs_and_lists_every_file()
     assert set(stated) == {p.name for p in folder.glob('*.csv')}
     for name, runs in stated.items():
         study = name.removesuffix('.csv')
-        assert module.planned_runs(study, module.read_file(study))[0] == runs, name
+        if study.endswith('_layers'):
+            assert len(module.read_layers(study.removesuffix('_layers'))) == runs, name
+        else:
+            assert module.planned_runs(study, module.read_file(study))[0] == runs, name
