@@ -402,12 +402,13 @@ def weighted_chi2(xs, means, weights, slope):
     return sum(w * (m - y_bar - slope * (x - x_bar)) ** 2 for w, x, m in zip(weights, xs, means))
 
 
-def fit_words(fits):
-    """One result of size_fits as render() prints it: (the unweighted fit's words, the precision-weighted one's)."""
+def fit_words(fits, points='sizes'):
+    """One result of size_fits as render() prints it: (the unweighted fit's words, the precision-weighted one's);
+    points names what the weighted fit's means are of."""
     (slope, low, high, p, pairs), (w_slope, w_low, w_high, w_p, k), chi2, _ = fits
     return (f"unweighted over seed pairs {slope:+.4f} per tenfold, 95 % CI [{low:+.4f}, {high:+.4f}], p {fmt_p(p)} "
             f"({pairs} pairs, t on {pairs - 2} df)",
-            f"precision-weighted over the {k} sizes' means {w_slope:+.4f} per tenfold, 95 % CI [{w_low:+.4f}, "
+            f"precision-weighted over the {k} {points}' means {w_slope:+.4f} per tenfold, 95 % CI [{w_low:+.4f}, "
             f"{w_high:+.4f}], p {fmt_p(w_p)} (weights 1/SE², scale from the residuals, t on {k - 2} df; weighted χ² "
             f"{chi2:.1f} on {k - 2} df)")
 
@@ -811,7 +812,8 @@ def render():
     for corpus, name in CORPORA.items():
         unweighted, weighted = fit_words(size_fits(scales, [f'{corpus}/{size}' for size in SIZES]))
         out.append(f"- {name}: {unweighted}; {weighted}")
-    unweighted, weighted = fit_words(size_fits(read_file('ladder'), [f'shakespeare_char/{rung}' for rung in RUNGS]))
+    unweighted, weighted = fit_words(size_fits(read_file('ladder'), [f'shakespeare_char/{rung}' for rung in RUNGS]),
+                                     'rungs')
     out += ['', "## Ladder: corridor − attention against size at 4 tokens per non-embedding parameter", '',
             "The four rungs' cells are in `ladder`'s section above (one Holm family, m = 4). Two fits of the same runs "
             "on log10(non-embedding parameters), confounded with run length (at equal tokens per parameter the larger "

@@ -148,7 +148,8 @@ def test_a_per_seed_file_is_recomputed_exactly_paired_by_seed_with_holm_over_the
     rows = [('a', 'attention', 0, 2.0), ('a', 'attention', 1, 2.1), ('a', 'attention', 2, 2.2),
             ('a', 'corridor', 0, 1.9), ('a', 'corridor', 1, 2.05), ('a', 'corridor', 2, 2.1),
             ('b', 'attention', 0, 3.0), ('b', 'attention', 1, 3.0), ('b', 'corridor', 0, 3.01), ('b', 'corridor', 1, 2.98),
-            ('b', 'corridor', 2, 1.0), ('a', 'corridor_lr', 1, 2.125)]
+            ('b', 'corridor', 2, 1.0), ('a', 'corridor_lr', 1, 2.125), ('c', 'attention', 0, 4.0),
+            ('c', 'corridor', 0, 3.5)]
     (tmp_path / 'toy.csv').write_text('setting,variant,seed,iter,tokens,val_loss,gamma_mean,delta_mean,seconds\n' + ''.join(
         f'{s},{v},{k},10,100,{repr(x)},-0.1,0.9,1.0\n' for s, v, k, x in rows))
     monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
@@ -156,12 +157,13 @@ def test_a_per_seed_file_is_recomputed_exactly_paired_by_seed_with_holm_over_the
              module.per_seed_cells('toy', module.read_per_seed(tmp_path / 'toy.csv'))}
     ta, pa, ma, below_a = cells[('a', 'corridor')]
     tb, pb, mb, below_b = cells[('b', 'corridor')]
-    assert (ta.n, tb.n, ma, mb, below_a, below_b) == (3, 2, 2, 2, 3, 1)
+    assert (ta.n, tb.n, ma, mb, below_a, below_b) == (3, 2, 2, 2, 3, 1)  # c's one seed is not in their family
+    assert cells[('c', 'corridor')][0].n == 1 and cells[('c', 'corridor')][2] == 0
     assert ta.mean == pytest.approx((-0.1 - 0.05 - 0.1) / 3) and tb.mean == pytest.approx((0.01 - 0.02) / 2)
     low, high = sorted((ta.p, tb.p))
     assert sorted((pa, pb)) == pytest.approx([2 * low, max(2 * low, high)])
     page = '\n'.join(module.per_seed_sections())
-    assert '## `toy` from its per-seed file (12 runs;' in page and '| a | corridor − attention | 3 | ' in page
+    assert '## `toy` from its per-seed file (14 runs;' in page and '| a | corridor − attention | 3 | ' in page
     assert '| a | corridor_lr − attention | 1 | +0.02500 | – | – | – | 0 of 1 | no test (one seed) |' in page
     assert 'nan' not in page and cells[('a', 'corridor_lr')][2] == 0
 
@@ -198,7 +200,7 @@ def test_every_studies_md_table_of_a_study_with_a_per_seed_file_is_what_that_fil
     tables = module.study_tables()
     page = (REPO / 'docs' / 'studies.md').read_text()
     checked = {'claims', 'fixed_gamma', 'replication', 'corridor_settled_pilot', 'geometry_walk', 'fixed_gamma_powered',
-               'scales'}
+               'scales', 'ladder', 'corridor_settled', 'gamma_dynamics'}
     assert checked <= set(tables)  # not vacuous: these are checked
     words = ' '.join(page.split())  # the page may wrap a rendered sentence: compared with spaces collapsed
     for study, texts in tables.items():
@@ -305,6 +307,18 @@ def test_the_scales_table_holds_its_six_cells_in_one_holm_family_and_fits_every_
     assert bounds.startswith(f"at the tiny size (3 seeds) {module.ci(tests['tiny'])}, no gain larger than "
                              f"{-tests['tiny'].low:.4f}")
     assert medium == '(+0.0030, −0.0120, −0.0080)'
+
+
+def test_a_fits_words_name_its_degrees_of_freedom_and_what_its_weighted_means_are_of():
+    """results_recomputed.md's line for one size_fits result: the unweighted fit's t has pairs − 2 df, the weighted
+    one's (and its χ²) k − 2 for k means, which the caller names."""
+    module = recomputed_module()
+    unweighted, weighted = module.fit_words(((0.0006, -0.0039, 0.0051, 0.783, 21), (-0.0018, -0.0081, 0.0046, 0.355, 4),
+                                             24.1, {}), 'rungs')
+    assert unweighted == ("unweighted over seed pairs +0.0006 per tenfold, 95 % CI [-0.0039, +0.0051], p 0.783 "
+                          "(21 pairs, t on 19 df)")
+    assert weighted.startswith("precision-weighted over the 4 rungs' means -0.0018 per tenfold, 95 % CI [-0.0081, ")
+    assert weighted.endswith("t on 2 df; weighted χ² 24.1 on 2 df)")
 
 
 def test_the_ladders_table_and_its_two_fits_on_size_from_a_per_seed_file():
