@@ -300,6 +300,14 @@ MUTANTS = [
            "(comparison_label(v, role), seed_pairs(runs, next(iter(runs))[0], v, 'attention'))",
            ('tests/test_docs.py::test_the_per_seed_figure_draws_each_variant_minus_attention_by_seed_from_the_'
             'published_file',)),
+    Mutant('one_seed_cell_in_its_family', 'docs/results_recomputed.py',
+           "keys = [k for k in tests if family_of(k) == name and math.isfinite(tests[k].p)]",
+           "keys = [k for k in tests if family_of(k) == name]",
+           ('tests/test_docs.py::test_a_per_seed_file_is_recomputed_exactly_paired_by_seed_with_holm_over_the_studys_'
+            'family',)),
+    Mutant('fit_words_df_of_the_pairs', 'docs/results_recomputed.py', 'f"({pairs} pairs, t on {pairs - 2} df)"',
+           'f"({pairs} pairs, t on {pairs - 1} df)"',
+           ('tests/test_docs.py::test_a_fits_words_name_its_degrees_of_freedom_and_what_its_weighted_means_are_of',)),
     Mutant('previous_eval_is_the_last', 'lab/reports.py', "val_loss_previous_eval=repr(run['log'][-2]['val_loss'])",
            "val_loss_previous_eval=repr(run['log'][-1]['val_loss'])",
            ('tests/test_sweep.py::test_the_settled_corridor_study_reports_its_named_tests_and_publishes_every_seed',)),
