@@ -157,6 +157,9 @@ def per_seed_sections():
         if cells:
             out += ["| setting | comparison | seeds | mean [95 % CI] | p | Holm p (family size) | MDE, 80 % | seeds below "
                     "0 | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+        elif study in PAGES:  # its cells are not against attention: its renderer's, on its own page
+            out.append(f"Its cells are not against attention: `{TABLES[study].__name__}` renders them on "
+                       f"[{PAGES[study]}]({PAGES[study]}) once every planned run is in. The final losses:")
         else:
             out.append("No attention run to pair with: the final losses only.")
         for setting, a, b, t, p_holm, m, below in cells:
@@ -180,8 +183,9 @@ def per_seed_sections():
 
 
 # ------------------------------------------------------------------------------------------------ studies.md's tables
-# A study whose per-seed file is published has its tables in docs/studies.md rendered here from that file; a test
-# (tests/test_docs.py) finds each one verbatim on the page, so no cell there can drift from the runs.
+# A study whose per-seed file is published has its tables in docs/studies.md (the 135M study: docs/pretrained.md,
+# PAGES) rendered here from that file; a test (tests/test_docs.py) finds each one verbatim on its page, so no cell
+# there can drift from the runs.
 
 def signed(x, digits=4):
     """+0.0005, −0.0031 and −0.0000 (a negative mean that rounds to zero) with the pages' minus sign."""
@@ -758,6 +762,7 @@ TABLES = {'claims': claims_table, 'fixed_gamma': fixed_gamma_table, 'replication
           'fixed_gamma_powered': fixed_gamma_powered_table, 'corridor_settled_pilot': corridor_settled_pilot_table,
           'corridor_settled': corridor_settled_table, 'geometry_walk': geometry_quotes, 'scales': scales_table,
           'ladder': ladder_table, 'gamma_dynamics': gamma_dynamics_table, 'pretrained': pretrained_tables}
+PAGES = {'pretrained': 'pretrained.md'}  # the page in docs/ of a study's tables where it is not studies.md
 
 
 def planned_runs(study, runs):
@@ -779,8 +784,8 @@ SIDE_FILES = {'gamma_dynamics': ('layers',), 'pretrained': ('layers', 'frozen')}
 
 
 def study_tables():
-    """{study: [its tables and quoted cells as docs/studies.md prints them]} for every study with a per-seed file (and
-    the side files its renderer reads), a renderer here and every planned run in the file."""
+    """{study: [its tables and quoted cells as its page (docs/studies.md, or PAGES') prints them]} for every study
+    with a per-seed file (and the side files its renderer reads), a renderer here and every planned run in the file."""
     tables = {}
     for study, table in TABLES.items():
         files = [f'{study}.csv', *(f'{study}_{side}.csv' for side in SIDE_FILES.get(study, ()))]

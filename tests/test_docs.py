@@ -193,19 +193,19 @@ def test_a_walk_file_is_paired_by_seed_against_attentions_part_p_with_holm_per_v
 
 
 def test_every_studies_md_table_of_a_study_with_a_per_seed_file_is_what_that_file_gives():
-    """docs/studies.md's tables of a study whose per-seed file is published are rendered from that file
-    (docs/results_recomputed.py's TABLES) and must appear on the page verbatim (line breaks aside), as must the CIs it
-    quotes for the claims those tables test: no cell can drift from the runs."""
+    """docs/studies.md's tables of a study whose per-seed file is published (the 135M study's: docs/pretrained.md's)
+    are rendered from that file (docs/results_recomputed.py's TABLES) and must appear on the page verbatim (line
+    breaks aside), as must the CIs it quotes for the claims those tables test: no cell can drift from the runs."""
     module = recomputed_module()
     tables = module.study_tables()
-    page = (REPO / 'docs' / 'studies.md').read_text()
     checked = {'claims', 'fixed_gamma', 'replication', 'corridor_settled_pilot', 'geometry_walk', 'fixed_gamma_powered',
                'scales', 'ladder', 'corridor_settled', 'gamma_dynamics'}
     assert checked <= set(tables)  # not vacuous: these are checked
-    words = ' '.join(page.split())  # the page may wrap a rendered sentence: compared with spaces collapsed
     for study, texts in tables.items():
+        name = module.PAGES.get(study, 'studies.md')
+        words = ' '.join((REPO / 'docs' / name).read_text().split())  # a page may wrap a rendered sentence
         for text in texts:
-            assert ' '.join(text.split()) in words, f"docs/studies.md lacks what the {study} per-seed file gives:\n{text}"
+            assert ' '.join(text.split()) in words, f"docs/{name} lacks what the {study} per-seed file gives:\n{text}"
 
 
 def test_the_settled_corridor_table_is_its_per_seed_cells_and_stays_off_the_page_until_every_run_is_in(tmp_path,
@@ -610,8 +610,8 @@ def test_runs_two_studies_share_have_one_set_of_numbers_in_their_per_seed_files(
 
 def test_the_per_seed_folders_page_counts_each_files_runs_and_lists_every_file():
     """docs/per_seed/README.md's table of how each file was made: the runs it states are the file's rows (the
-    walk file: its runs; a per-layer file: the runs it has layers of, those with operator scalars), and no published
-    file is left out of the table."""
+    walk file: its runs; a per-layer file: the runs it has layers of, those with operator scalars; the frozen curve:
+    its fixed γ's), and no published file is left out of the table."""
     module = recomputed_module()
     folder = REPO / 'docs' / 'per_seed'
     stated = {}
@@ -624,5 +624,7 @@ def test_the_per_seed_folders_page_counts_each_files_runs_and_lists_every_file()
         study = name.removesuffix('.csv')
         if study.endswith('_layers'):
             assert len(module.read_layers(study.removesuffix('_layers'))) == runs, name
+        elif study.endswith('_frozen'):  # the 135M study's frozen curve: its fixed γ's, each over every batch
+            assert len(module.read_frozen(study.removesuffix('_frozen'), module.PRETRAINED)) == runs, name
         else:
             assert module.planned_runs(study, module.read_file(study))[0] == runs, name
