@@ -648,9 +648,11 @@ def pretrained_tables(runs, layers=None, frozen=None):
     for (s, v, k), r in sorted(runs.items(), key=lambda item: (order.index(item[0][1].split('=')[0]), item[0][2])):
         heads = layers[(s, v, k)]
         low, high = min(layer['gamma_min'] for layer in heads), max(layer['gamma_max'] for layer in heads)
+        bound = lambda x: '0' if x == 0 else signed(x, 2)  # γ ≥ 0's floor and δ only's γ are exactly 0
+        where = (f"{bound(low)} (held)" if low == high  # one γ in every head: δ only, a fixed γ
+                 else f"{signed(float(r['gamma_mean']), 3)} [{bound(low)}, {bound(high)}]")
         seconds = f"{float(r['seconds']) / 60:.0f} min" if r['seconds'] else '–'
-        per_run.append(f"| {pretrained_name(v)} | {k} | {at_start(v, k):.4f} → {r['val_loss']:.4f} | "
-                       f"{signed(float(r['gamma_mean']), 3)} [{signed(low, 2)}, {signed(high, 2)}] | "
+        per_run.append(f"| {pretrained_name(v)} | {k} | {at_start(v, k):.4f} → {r['val_loss']:.4f} | {where} | "
                        f"{percent(over_heads(heads, 'in_corridor'))} | {percent(over_heads(heads, 'inside_claim_b'))} | "
                        f"{sum(int(layer['above_zero']) for layer in heads)} "
                        f"({sum(int(layer['at_zero']) for layer in heads)}) | "
