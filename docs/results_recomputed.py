@@ -24,6 +24,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import UserError, atomic_write, main_guard  # noqa: E402
+from model import CLAIM_B  # noqa: E402
 from lab.reports import family  # noqa: E402  (the studies' Holm families, as their reports form them)
 from lab.study_figures import (PREREGISTERED, PRETRAINED_CELLS, comparison_label, draw_preregistered,  # noqa: E402
                                pretrained_variant)  # (the reports' cells, and their per-seed figures)
@@ -651,9 +652,11 @@ def pretrained_tables(runs, layers=None, frozen=None):
         bound = lambda x: '0' if x == 0 else signed(x, 2)  # γ ≥ 0's floor and δ only's γ are exactly 0
         where = (f"{bound(low)} (held)" if low == high  # one γ in every head: δ only, a fixed γ
                  else f"{signed(float(r['gamma_mean']), 3)} [{bound(low)}, {bound(high)}]")
+        # a γ held on claim (b)'s bound is read as c_I / c_P, a float hair either side of it: no share to count
+        deep = 'on the bound' if low == high == CLAIM_B else percent(over_heads(heads, 'inside_claim_b'))
         seconds = f"{float(r['seconds']) / 60:.0f} min" if r['seconds'] else '–'
         per_run.append(f"| {pretrained_name(v)} | {k} | {at_start(v, k):.4f} → {r['val_loss']:.4f} | {where} | "
-                       f"{percent(over_heads(heads, 'in_corridor'))} | {percent(over_heads(heads, 'inside_claim_b'))} | "
+                       f"{percent(over_heads(heads, 'in_corridor'))} | {deep} | "
                        f"{sum(int(layer['above_zero']) for layer in heads)} "
                        f"({sum(int(layer['at_zero']) for layer in heads)}) | "
                        f"{max(layer['gamma_range_last_quarter'] for layer in heads):.3f} | {seconds} |")
