@@ -584,7 +584,7 @@ def test_the_135m_tables_hold_every_cell_in_one_holm_family_trained_by_seed_froz
     assert f"Holm {module.p_text(holm[6])}" in row
     assert '| corridor | 0 | 3.0000 → 2.9000 | −0.020 [−0.20, +0.10] | 88 % | 12 % | 1 (2) | 0.010 | 10 min |' in per_run
     assert '| fixed γ = −0.05 with δ learned | 2 | 3.1000 → 3.0200 | −0.05 (held) | 50 % | on the bound | ' in per_run
-    assert '| δ only | 1 | 3.2000 → 3.1200 | 0 (held) | ' in per_run and '| γ ≥ 0 | 0 | 3.0000 → 2.9300 | −0.020 [0, +0.10] | ' in per_run
+    assert '| δ only | 1 | 3.2000 → 3.1200 | 0 (held) | 50 % | 50 % | ' in per_run and '| γ ≥ 0 | 0 | 3.0000 → 2.9300 | −0.020 [0, +0.10] | ' in per_run
     assert [line.split(' | ')[0] for line in per_run.splitlines()[2::4]] == \
         ['| corridor', '| γ ≥ 0', '| δ only', '| fixed γ = −0.05 with δ learned', '| α0·I + α1·P']  # the page's order
 
