@@ -160,7 +160,8 @@ def per_seed_sections():
                     "0 | verdict |", "|---|---|---|---|---|---|---|---|---|"]
         elif study in PAGES:  # its cells are not against attention: its renderer's, on its own page
             out.append(f"Its cells are not against attention: `{TABLES[study].__name__}` renders them on "
-                       f"[{PAGES[study]}]({PAGES[study]}) once every planned run is in. The final losses:")
+                       f"[{PAGES[study]}]({PAGES[study]})" + (" once every planned run is in" if have < planned else "")
+                       + ". The final losses:")
         else:
             out.append("No attention run to pair with: the final losses only.")
         for setting, a, b, t, p_holm, m, below in cells:
@@ -646,13 +647,17 @@ def pretrained_tables(runs, layers=None, frozen=None):
     per_run = ["| variant | seed | frozen → final val loss | γ̄ [min, max] | −1 < γ < 0 | −1 < γ < −0.05 | heads above 0 "
                "(at 0) | largest γ range in the last quarter | wall time |", '|' + '---|' * 9]
     order = list(PRETRAINED_NAMES)
+
+    def end(x):  # γ ≥ 0's floor and δ only's γ are exactly 0: no sign to print
+        return '0' if x == 0 else signed(x, 2)
     for (s, v, k), r in sorted(runs.items(), key=lambda item: (order.index(item[0][1].split('=')[0]), item[0][2])):
         heads = layers[(s, v, k)]
         low, high = min(layer['gamma_min'] for layer in heads), max(layer['gamma_max'] for layer in heads)
-        bound = lambda x: '0' if x == 0 else signed(x, 2)  # γ ≥ 0's floor and δ only's γ are exactly 0
-        where = (f"{bound(low)} (held)" if low == high  # one γ in every head: δ only, a fixed γ
-                 else f"{signed(float(r['gamma_mean']), 3)} [{bound(low)}, {bound(high)}]")
-        # a γ held on claim (b)'s bound is read as c_I / c_P, a float hair either side of it: no share to count
+        # held: one γ in every head (δ only, a fixed γ). The file writes γ to 6 decimals, so a held γ read back as
+        # c_I / c_P is one number there, though its heads differ by float noise; on claim (b)'s bound that noise
+        # puts a few heads a hair below −0.05 (the file's inside_claim_b), which is no share to count
+        where = (f"{end(low)} (held)" if low == high
+                 else f"{signed(float(r['gamma_mean']), 3)} [{end(low)}, {end(high)}]")
         deep = 'on the bound' if low == high == CLAIM_B else percent(over_heads(heads, 'inside_claim_b'))
         seconds = f"{float(r['seconds']) / 60:.0f} min" if r['seconds'] else '–'
         per_run.append(f"| {pretrained_name(v)} | {k} | {at_start(v, k):.4f} → {r['val_loss']:.4f} | {where} | "

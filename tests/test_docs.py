@@ -199,7 +199,7 @@ def test_every_studies_md_table_of_a_study_with_a_per_seed_file_is_what_that_fil
     module = recomputed_module()
     tables = module.study_tables()
     checked = {'claims', 'fixed_gamma', 'replication', 'corridor_settled_pilot', 'geometry_walk', 'fixed_gamma_powered',
-               'scales', 'ladder', 'corridor_settled', 'gamma_dynamics'}
+               'scales', 'ladder', 'corridor_settled', 'gamma_dynamics', 'pretrained'}
     assert checked <= set(tables)  # not vacuous: these are checked
     for study, texts in tables.items():
         name = module.PAGES.get(study, 'studies.md')
@@ -560,7 +560,8 @@ def test_the_135m_tables_hold_every_cell_in_one_holm_family_trained_by_seed_froz
                  gamma_range_last_quarter=0.01, above_zero=1.0, at_zero=0.0)
     layers = {key: [layer, {**layer, 'layer': 1.0, 'heads': 6.0, 'in_corridor': 1.0, 'inside_claim_b': 0.0,
                             'above_zero': 0.0, 'at_zero': 2.0}] for key in runs}
-    for k in range(4):  # δ only holds every head at γ = 0; γ ≥ 0's lowest head sits on its floor
+    for k in range(4):  # δ only holds every head at γ = 0; γ ≥ 0's lowest head sits on its floor (the shares are
+        # the fixture's, not what a held γ would give: the renderer prints the file's shares, except on (b)'s bound)
         layers[(setting, 'delta_only', k)] = [{**layer, 'gamma_min': 0.0, 'gamma_max': 0.0, 'gamma_range_last_quarter': 0.0}]
         layers[(setting, 'gamma_nonneg', k)] = [{**layer, 'gamma_min': 0.0}]
         layers[(setting, 'fixed_gamma_delta=-0.05', k)] = [{**layer, 'gamma_min': -0.05, 'gamma_max': -0.05}]
