@@ -1,7 +1,7 @@
 """
 Turn a corpus into what train.py reads: DATA_ROOT/NAME/{train.bin, val.bin} (uint16 token ids) + meta.json.
 
-    python prepare.py shakespeare_char                  # Tiny Shakespeare, one token per character (vocab 65)
+    python prepare.py shakespeare_char                  # Tiny Shakespeare (ships in data/), one token per character
     python prepare.py shakespeare                       # Tiny Shakespeare, GPT-2 BPE
     python prepare.py wikitext2_char                    # WikiText-2 (raw) at Tiny Shakespeare's size, characters
     python prepare.py wikitext2                         # the same, GPT-2 BPE
@@ -9,16 +9,17 @@ Turn a corpus into what train.py reads: DATA_ROOT/NAME/{train.bin, val.bin} (uin
     python prepare.py text --input notes/ --name notes  # your own .txt / .jsonl files, char or GPT-2 BPE
     python prepare.py wikitext2 --tokenizer=smollm2-135m  # a pretrained model's own: data/wikitext2_smollm2-135m
 
---input PATH uses a local copy instead of downloading. The output folder appears in one rename at the end: an
+Tiny Shakespeare ships with the repo (data/tinyshakespeare.txt, public domain, checked against its SHA-256 as it is
+read); the others download, or --input PATH uses a local copy. The output folder appears in one rename at the end: an
 interrupted run leaves at most NAME.partial, and an earlier complete NAME stays until the new one replaces it.
 """
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import shutil
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,7 +28,9 @@ from tqdm import tqdm
 
 from common import UserError, WriteFailed, describe_os_error, gpt2_encoding, main_guard, storage_error
 
-SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
+# Tiny Shakespeare (karpathy/char-rnn's input.txt, nanoGPT's shakespeare_char), shipped so the quick start is offline
+SHAKESPEARE = Path(__file__).resolve().parent / 'data' / 'tinyshakespeare.txt'
+SHAKESPEARE_SHA256 = '86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed'
 # OpenWebText: the Hugging Face hub's parquet export of Skylion007/openwebtext (the original repository is a loading
 # script, which datasets >= 4 no longer runs), checked against the known number of documents.
 OPENWEBTEXT_DOCUMENTS = 8_013_769
@@ -59,18 +62,6 @@ def atomic_output_dir(final):
             raise
         raise WriteFailed(final, describe_os_error(cause)) from None
     shutil.rmtree(old, ignore_errors=True)
-
-
-def download_text(url, args):
-    if args.input:
-        return read_utf8(Path(args.input))
-    print(f"downloading {url}")
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            return response.read().decode('utf-8')
-    except OSError as e:  # the whole command, as train.py passes this line on when it prepares on demand
-        raise UserError(f"could not download {url} ({e}); prepare it from a local copy: python prepare.py "
-                        f"{args.dataset} --input PATH --data_root={args.data_root}") from None
 
 
 def read_utf8(path):
@@ -111,10 +102,21 @@ def write_subword(out, texts, source, tokenizer_name, dataset):
     write_small(out, *map(encode, texts), source, 'hf', vocab_size, dataset=dataset, **extra)
 
 
+def shipped_shakespeare():
+    """The shipped copy's text, or one line if its bytes are not the known ones (a partial clone, an edit)."""
+    path = SHAKESPEARE
+    data = path.read_bytes() if path.is_file() else b''
+    if hashlib.sha256(data).hexdigest() != SHAKESPEARE_SHA256:
+        what = 'missing' if not path.is_file() else 'not the shipped Tiny Shakespeare (its SHA-256 differs)'
+        raise UserError(f"{path} is {what}: restore it with `git checkout -- data/tinyshakespeare.txt`, or pass a "
+                        f"copy with --input PATH")
+    return data.decode('utf-8')
+
+
 def prepare_shakespeare(out, args, char_level):
     """nanoGPT's split: the first 90% of the characters train, the rest validate."""
-    text = download_text(SHAKESPEARE_URL, args)
-    source = args.input or SHAKESPEARE_URL
+    text = read_utf8(Path(args.input)) if args.input else shipped_shakespeare()
+    source = args.input or 'data/tinyshakespeare.txt'
     split = int(len(text) * 0.9)
     if char_level:
         itos, encode = char_tokenizer(text)
@@ -326,7 +328,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('dataset', choices=['shakespeare_char', 'shakespeare', 'wikitext2_char', 'wikitext2',
                                             'openwebtext', 'text'])
-    parser.add_argument('--input', help='a local copy (file or folder) instead of the download')
+    parser.add_argument('--input', help='a local copy (file or folder) instead of the download or shipped copy')
     parser.add_argument('--data_root', default='data', help='prepared data goes to DATA_ROOT/NAME (default: data)')
     parser.add_argument('--name', help='the folder under data_root (default: the dataset, for text the input stem)')
     parser.add_argument('--tokenizer', default='gpt2', help="gpt2, char (text only), or a pretrained model's own: "

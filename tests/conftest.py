@@ -7,7 +7,6 @@ import pytest
 
 SHARED = Path(__file__).resolve().parents[2] / 'shared'  # ../shared beside the checkout, in CI and sessions
 TIKTOKEN_CACHE = SHARED / 'tiktoken_cache'
-SHAKESPEARE = SHARED / 'data' / 'tinyshakespeare.txt'
 WIKITEXT_TEST = SHARED / 'data' / 'wikitext-2-raw' / 'wiki.test.raw'
 
 # pytest.ini's -n auto runs one worker process per core: each worker's torch, and every script it starts, gets its
@@ -23,10 +22,10 @@ if TIKTOKEN_CACHE.is_dir():
 
 needs_tokenizer = pytest.mark.skipif(not TIKTOKEN_CACHE.is_dir(),
                                      reason=f"GPT-2 BPE needs the offline tiktoken cache {TIKTOKEN_CACHE}")
-needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no local copy at {SHAKESPEARE}")
 needs_wikitext = pytest.mark.skipif(not WIKITEXT_TEST.is_file(), reason=f"no local copy at {WIKITEXT_TEST.parent}")
 
 REPO = Path(__file__).resolve().parents[1]
+SHAKESPEARE = REPO / 'data' / 'tinyshakespeare.txt'  # ships with the repo: no test skips for want of it
 
 # The quick tier (`python -m pytest -m quick`, about 10 s on 2 idle cores as README says; its train tests train in
 # this process, since a train.py process spends most of its time starting): what an edit to the model or the loop

@@ -1,5 +1,6 @@
 """prepare.py: token files, meta.json, splits, atomic output, one-line errors."""
 
+import hashlib
 import json
 import sys
 from types import SimpleNamespace
@@ -9,7 +10,7 @@ import pytest
 
 import prepare
 from sources import tokenizer_from_meta
-from conftest import (SHAKESPEARE, WIKITEXT_TEST, assert_one_line_error, needs_shakespeare, needs_tokenizer,
+from conftest import (SHAKESPEARE, WIKITEXT_TEST, assert_one_line_error, needs_tokenizer,
                       needs_wikitext, run_script, synthetic_text)
 
 
@@ -50,17 +51,26 @@ def test_text_gpt2_jsonl_puts_an_end_of_text_token_after_each_document(tmp_path)
     assert decode(ids) == '<|endoftext|>'.join(docs) + '<|endoftext|>'
 
 
-@needs_shakespeare
-def test_shakespeare_char_from_a_local_copy_matches_nanogpt_counts(tmp_path):
-    result = run_script('prepare.py', 'shakespeare_char', '--input', SHAKESPEARE, '--data_root', tmp_path, cwd=tmp_path)
+def test_shakespeare_char_from_the_shipped_copy_matches_nanogpt_counts(tmp_path):
+    """No --input and no network: the copy in data/ is read (its checksum checked) and split as nanoGPT splits it."""
+    result = run_script('prepare.py', 'shakespeare_char', '--data_root', tmp_path, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     meta, train, val = read_prepared(tmp_path / 'shakespeare_char')
     assert (meta['vocab_size'], len(train), len(val)) == (65, 1_003_854, 111_540)
+    assert meta['source'] == 'data/tinyshakespeare.txt'
     _, decode = tokenizer_from_meta(meta)
     assert decode(train[:14].tolist()) == 'First Citizen:'
 
 
-@needs_shakespeare
+def test_a_local_copy_given_with_input_is_read_instead_of_the_shipped_one(tmp_path):
+    (tmp_path / 'mine.txt').write_text('to be or not to be\n' * 50)
+    result = run_script('prepare.py', 'shakespeare_char', '--input', tmp_path / 'mine.txt', '--data_root', tmp_path,
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    meta, train, val = read_prepared(tmp_path / 'shakespeare_char')
+    assert meta['vocab_size'] == len(set('to be or not to be\n')) and len(train) + len(val) == 19 * 50
+
+
 @needs_tokenizer
 def test_shakespeare_bpe_matches_nanogpt_counts(tmp_path):
     result = run_script('prepare.py', 'shakespeare', '--input', SHAKESPEARE, '--data_root', tmp_path, cwd=tmp_path)
@@ -174,14 +184,27 @@ def test_bad_input_is_one_line(tmp_path, args, message):
     assert not (tmp_path / 'data').exists()
 
 
-def test_unreachable_download_points_to_input(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(prepare, 'SHAKESPEARE_URL', 'http://127.0.0.1:9/input.txt')  # nothing listens there
-    monkeypatch.setattr(sys, 'argv', ['prepare.py', 'shakespeare_char', '--data_root', str(tmp_path)])
+@pytest.mark.parametrize('damage', ['one byte changed', 'missing'])
+def test_a_damaged_or_missing_shipped_copy_is_one_line_naming_how_to_restore_it(tmp_path, monkeypatch, capsys, damage):
+    copy = tmp_path / 'tinyshakespeare.txt'
+    if damage != 'missing':
+        text = bytearray(SHAKESPEARE.read_bytes())
+        text[1000] ^= 1  # one bit of one byte: the checksum, not the length, must catch it
+        copy.write_bytes(bytes(text))
+    monkeypatch.setattr(prepare, 'SHAKESPEARE', copy)
+    out = tmp_path / 'data'
+    monkeypatch.setattr(sys, 'argv', ['prepare.py', 'shakespeare_char', '--data_root', str(out)])
     with pytest.raises(SystemExit) as exit_:
         prepare.main_guard(prepare.main)
     assert exit_.value.code == 2
-    assert 'prepare it from a local copy: python prepare.py shakespeare_char --input PATH' in capsys.readouterr().err
-    assert list(tmp_path.iterdir()) == []
+    err = capsys.readouterr().err
+    assert 'git checkout -- data/tinyshakespeare.txt' in err and ('.txt is missing' in err) == (damage == 'missing')
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_the_shipped_copy_is_the_known_tiny_shakespeare():
+    assert hashlib.sha256(SHAKESPEARE.read_bytes()).hexdigest() == prepare.SHAKESPEARE_SHA256
+    assert prepare.shipped_shakespeare().startswith('First Citizen:')
 
 
 @pytest.mark.parametrize('text', ['', 'ab'])

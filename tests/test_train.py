@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from common import model_config, parse_config
-from conftest import (REPO, SHAKESPEARE, TINY_TRAIN_ARGS, assert_one_line_error, needs_shakespeare, run_script,
+from conftest import (REPO, TINY_TRAIN_ARGS, assert_one_line_error, run_script,
                       tiny_llama_and_its_wikitext)
 from train import DEFAULTS
 
@@ -789,15 +789,15 @@ def test_snapshots_at_their_interval_and_overwrite_removes_an_old_runs_checkpoin
 
 # ---------------------------------------------------------------------------------------------- the quick start
 
-@needs_shakespeare
 def test_train_prepares_shakespeare_char_itself_when_its_folder_is_missing(tmp_path):
-    """The quick start's one command: data/shakespeare_char missing -> one line, prepare.py runs, training starts.
-    The download is served from the local copy by a sitecustomize hook (the tests have no network)."""
+    """The quick start's one command: data/shakespeare_char missing -> one line, prepare.py runs on the shipped text,
+    training starts, with no network (a download attempted would fail here: urlopen is made to raise)."""
     hook = tmp_path / 'offline'
     hook.mkdir()
     (hook / 'sitecustomize.py').write_text(
-        "import io, urllib.request\n"
-        f"urllib.request.urlopen = lambda url, timeout=None: io.BytesIO(open({str(SHAKESPEARE)!r}, 'rb').read())\n")
+        "import urllib.request\n"
+        "def refuse(*a, **k):\n    raise OSError('no network in this test')\n"
+        "urllib.request.urlopen = refuse\n")
     result = run_script('train.py', REPO / 'configs' / 'shakespeare_char.py',
                         '--data_root=data', '--out_dir=out', '--max_iters=2', '--eval_interval=2', '--eval_iters=1',
                         '--n_layer=1', '--n_embd=16', '--n_head=2', cwd=tmp_path, env={'PYTHONPATH': str(hook)})
@@ -1159,15 +1159,14 @@ def test_prepare_on_demand_offline_names_the_prepare_command_that_takes_a_local_
     import train as train_module
     from common import UserError
     from types import SimpleNamespace
-    failed = subprocess.CompletedProcess([], 2, '', 'error: could not download https://x/input.txt (no network); '
-                                                    f'prepare it from a local copy: python prepare.py shakespeare_char '
+    failed = subprocess.CompletedProcess([], 2, '', 'error: data/tinyshakespeare.txt is missing: restore it with '
+                                                    '`git checkout -- data/tinyshakespeare.txt`, or pass a copy with '
                                                     f'--input PATH --data_root={tmp_path}\n')
     monkeypatch.setattr(train_module.subprocess, 'run', lambda *a, **k: failed)
     cfg = SimpleNamespace(dataset='shakespeare_char', data_root=str(tmp_path))
     with pytest.raises(UserError) as e:
         train_module.prepare_if_missing(cfg)
-    assert str(e.value).endswith(f"prepare it from a local copy: python prepare.py shakespeare_char --input PATH "
-                                 f"--data_root={tmp_path}")
+    assert str(e.value).endswith(f"or pass a copy with --input PATH --data_root={tmp_path}")
 
 
 def test_each_step_uses_the_schedules_lr_times_its_groups_multiplier(tiny_data_root, tmp_path, capsys):
