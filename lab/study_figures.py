@@ -181,6 +181,13 @@ def corridor_settled_figures(results, out, tests, study):
             + gamma_settling(results, out, 'corridor_settled_gamma.png'))
 
 
+def token_multiplier_figures(results, out, tests, study):
+    """The token multiplier's runs: no test within the study itself (its attention runs and its corridor from
+    γ0 = −0.1 pair with corridor_settled's published runs, docs/results_recomputed.py computes the estimate and the
+    tests from both studies' files); where the corridor from γ0 = −0.1 ends is the shared table's."""
+    return gamma_settling(results, out, 'token_multiplier_gamma.png')
+
+
 def budget_checks(results):
     """Epochs of the training split each run sees, and whether attention's validation loss still falls over the
     last two evaluations (no overfitting at this budget), seed by seed."""
@@ -677,6 +684,7 @@ FIGURES = {
     'corridor_settled': corridor_settled_figures,
     'corridor_settled_pilot': corridor_settled_pilot_figures,
     'ladder': scales_figures,
+    'token_multiplier': token_multiplier_figures,
     'pretrained': pretrained_figures,
     'geometry': geometry_figures,
 }

@@ -346,6 +346,27 @@ def test_the_settled_corridor_study_reports_its_named_tests_and_publishes_every_
     assert not any(',attention,' in row for row in layers)
 
 
+def test_the_token_multiplier_plans_what_studies_md_names(tiny_data_root):
+    """The plan docs/studies.md names: attention on WikiText-2 (char) at 1.1, 1.2 and 1.4 times X4's 4,800 iterations
+    (each its own cosine to its end, X4's warmup and evaluations) on seeds 300-307, first and seed by seed; then the
+    learnable corridor from γ0 = −0.1, δ0 = 1 at X4 on seeds 300-323, each run one of corridor_settled's seeds."""
+    runs = list(sweep.plan_runs(studies.STUDIES['token_multiplier'].parts, 'sweeps', studies.CPU,
+                                [f'--data_root={tiny_data_root}', '--dataset=tiny']))
+    longer = [f'wikitext2_char/small-x4-{k}x' for k in ('1.1', '1.2', '1.4')]
+    assert runs[:24] == [(s, 'attention', seed) for seed in range(300, 308) for s in longer]
+    assert runs[24:] == [('wikitext2_char/small-x4', 'corridor_start', seed) for seed in range(300, 324)]
+    x4 = studies.setting_config('wikitext2_char/small-x4')
+    for setting, iters in zip(longer, (5280, 5760, 6720)):
+        config = studies.setting_config(setting)
+        assert config['max_iters'] == config['lr_decay_iters'] == iters and config['dataset'] == 'wikitext2_char'
+        assert {k: config[k] for k in config if k not in ('max_iters', 'lr_decay_iters')} == \
+            {k: x4[k] for k in x4 if k not in ('max_iters', 'lr_decay_iters')}
+    assert studies.parse_variant('corridor_start')[1] == dict(operator='corridor', gamma_init=-0.1)
+    assert GPTConfig().delta_init == 1.0
+    settled = {seed for p in studies.STUDIES['corridor_settled'].parts for seed in range(p.first_seed, p.first_seed + p.seeds)}
+    assert {seed for _, _, seed in runs} <= settled
+
+
 def test_gammas_last_quarter_change_is_the_last_mean_minus_the_one_three_quarters_of_the_way():
     """Nine evaluations whose mean γ is −0.1·k: the last quarter starts at evaluation 6, so the change is −0.2."""
     series = [(100 * k, torch.full((2, 3), -0.1 * k), torch.ones(2, 3)) for k in range(9)]
