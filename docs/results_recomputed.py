@@ -6,12 +6,12 @@ docs/studies.md that come from them (TABLES; tests/test_docs.py finds them on th
 per-seed files are not regenerated yet, the summaries the README and docs/ state (mean and SD of the paired
 differences, seeds per cell): p-values from a 4-decimal SD are approximate where the SD is 0.0001–0.0006. Also the
 geometry study's walk file (each run's walk diagnostics per depth regime; its quotes in studies.md are rendered here
-too), the scales' and the ladder's fits on size (unweighted over seed pairs, precision-weighted) and the 135M study's
-first sitting.
+too), the scales' and the ladder's fits on size (unweighted over seed pairs, precision-weighted), the token multiplier
+(with corridor_settled's runs) and the 135M study's first two-seed run.
 
     python docs/results_recomputed.py          # -> docs/results_recomputed.md
     python docs/results_recomputed.py --append corridor_settled R/corridor_settled
-        # a later sitting's runs (R: its --out_root, reported at this code) added to docs/per_seed/, then the page
+        # more runs of a study (R: their --out_root, reported at this code) added to docs/per_seed/, then the page
     python docs/results_recomputed.py --figure corridor_settled   # -> docs/corridor_settled.png, from its file
 """
 
@@ -19,6 +19,7 @@ import csv
 import glob
 import math
 import os
+import random
 import statistics
 import sys
 
@@ -36,9 +37,9 @@ PER_SEED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'per_seed')
 
 TS, WT = 'Tiny Shakespeare', 'WikiText-2 (char)'
 
-# SmolLM2-135M operator-only, first sitting (pretrained.md, 2 seeds): final validation losses by seed, and the frozen
-# model's (each run's iteration-0 loss); its three comparisons are one Holm family
-SITTING = {'corridor': (3.5145, 3.5700), 'δ only': (3.5511, 3.6036), 'frozen model': (3.6343, 3.6843)}
+# SmolLM2-135M operator-only, its first run of corridor and δ only on seeds 0 and 1 (pretrained.md): final validation
+# losses by seed, and the frozen model's (each run's iteration-0 loss); its three comparisons are one Holm family
+FIRST_RUN = {'corridor': (3.5145, 3.5700), 'δ only': (3.5511, 3.6036), 'frozen model': (3.6343, 3.6843)}
 
 
 def verdict_words(test, p_holm):
@@ -69,8 +70,7 @@ HEADER = ["| comparison | corpus | seeds | mean ± SD (stated) | 95 % CI | p | H
 
 def keyed_rows(path, key):
     """(the header's columns, {key(row): row}) of a CSV file, refusing one whose rows repeat a key: a study gathered
-    over sittings (its run folders lost in between) appends rows, and a run appended twice must not pass as one more
-    seed."""
+    in parts (--append) adds rows, and a run added twice must not pass as one more seed."""
     keyed = {}
     with open(path, newline='') as f:
         reader = csv.DictReader(f)
@@ -87,6 +87,10 @@ def run_key(r):
 
 def layer_key(r):
     return *run_key(r), int(r['layer'])
+
+
+def curve_key(r):
+    return *run_key(r), int(r['iter'])
 
 
 def batch_key(r):
@@ -146,7 +150,8 @@ def per_seed_sections():
     out = []
     for path in sorted(glob.glob(os.path.join(PER_SEED, '*.csv'))):
         study = os.path.splitext(os.path.basename(path))[0]
-        if study.endswith(('_walk', '_layers', '_frozen')):  # the walk (walk_section), per-layer, per-batch files
+        if study.endswith(('_walk', '_layers', '_frozen', '_curves')):  # the walk (walk_section), per-layer, per-batch,
+            # per-evaluation files
             continue
         runs = read_file(study)
         cells = per_seed_cells(study, runs)
@@ -158,6 +163,8 @@ def per_seed_sections():
         if cells:
             out += ["| setting | comparison | seeds | mean [95 % CI] | p | Holm p (family size) | MDE, 80 % | seeds below "
                     "0 | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+        elif study in SECTIONS:  # its runs pair with another study's: its own lines, after the final losses
+            out.append("Its runs pair with another study's: the final losses, then its own estimates.")
         elif study in PAGES:  # its cells are not against attention: its renderer's, on its own page
             out.append(f"Its cells are not against attention: `{TABLES[study].__name__}` renders them on "
                        f"[{PAGES[study]}]({PAGES[study]})" + (" once every planned run is in" if have < planned else "")
@@ -181,6 +188,8 @@ def per_seed_sections():
                              f"{statistics.fmean(column(runs, setting, variant, 'delta_mean')):.3f})")
             out += ['', f"{setting}, final val loss (mean ± SD over seeds): " + '; '.join(means)]
         out.append('')
+        if study in SECTIONS:
+            out += SECTIONS[study](runs)
     return out
 
 
@@ -337,7 +346,9 @@ def corridor_settled_table(runs):
     the corridor at the pilot's multiplier and fixed γ = −0.1, each Holm over the two corpora), where γ ends, and the
     primary tests' CIs and Holm p's as the page quotes them (and the README's (a) bullet after it), and per corpus the
     budget's check: the epochs a run sees, and attention's validation loss from the evaluation before the last to the
-    last (falling: no overfitting), over the seeds whose row has it (the column came after the first seeds)."""
+    last (falling: no overfitting), over the seeds whose row has it (the column came after the first seeds); and,
+    unplanned, the multiplier-3 corridor − the multiplier-1 corridor on each corpus as the token multiplier's section
+    quotes it."""
     rows = (('corridor', 'learnable corridor − attention', 'primary (Holm over 2)'),
             ('corridor_lr=3.0', 'corridor, operator_lr_mult 3 − attention', 'secondary (Holm over 2)'),
             ('fixed_gamma=-0.1', 'fixed γ = −0.1, δ = 1 − attention', 'secondary (Holm over 2)'))
@@ -361,8 +372,13 @@ def corridor_settled_table(runs):
         budget.append(f"{name}: {tokens / TRAIN_CHARS[corpus]:.2f} epochs; attention's val loss over its last "
                       "evaluation interval " + (f"{signed(statistics.fmean(changes), 4)} on average, falling in "
                       f"{sum(c < 0 for c in changes)} of the {seeds}" if changes else "not recorded"))
+    unplanned = []  # the multiplier-3 arm against the multiplier-1 corridor: not in the plan, unadjusted, no family
+    for corpus, name in CORPORA.items():
+        differences = seed_pairs(runs, f'{corpus}/small-x4', 'corridor_lr=3.0', 'corridor')
+        t = paired_test(differences)
+        unplanned.append(f"{ci(t)}, p {p_text(t.p)} on {name} (higher in {sum(d > 0 for d in differences)} of {t.n} seeds)")
     return ['\n'.join(out), '; '.join(f"{name} {ci(t)}, Holm {p_text(p_holm)}" for name, t, p_holm in primary),
-            '; '.join(budget)]
+            '; '.join(budget), ' and '.join(reversed(unplanned))]
 
 
 def corridor_settled_pilot_table(runs):
@@ -768,29 +784,189 @@ def geometry_quotes(walk):
             f"{len(passing)} of the {len(tests)} cells pass Holm: " + '; '.join(passing) + '.']
 
 
+# ------------------------------------------------------------------------------------------------ the token multiplier
+# token_multiplier's attention runs at longer budgets (seeds 300-307) and corridor_settled's published runs at 1× (X4,
+# seeds 300-323): attention's final loss fitted on x = ln(tokens / 1×'s tokens) within seed, and solved for the budget
+# where it reaches a variant's 1× loss, m = exp(D / β); its CI a paired bootstrap over seeds, stratified (studies.md
+# names the method before its runs).
+
+MULTIPLIER_BASE = 'wikitext2_char/small-x4'  # the 1× budget: corridor_settled's runs and the corridor from γ0 = −0.1
+MULTIPLIER_BUDGETS = ('wikitext2_char/small-x4-1.1x', 'wikitext2_char/small-x4-1.2x', 'wikitext2_char/small-x4-1.4x')
+MULTIPLIER_VARIANTS = {'corridor': 'learnable corridor (γ0 = 0)', 'fixed_gamma=-0.1': 'fixed γ = −0.1, δ = 1',
+                       'corridor_start': 'learnable corridor from γ0 = −0.1'}  # the last: beside the tests, not a test
+RESAMPLES = 10_000
+
+
+def attention_points(runs, budgets=MULTIPLIER_BUDGETS):
+    """{seed: [(x, final val loss)]} of attention at 1× and at the longer budgets it has, x = ln(tokens / 1×'s)."""
+    base = {k: r for (s, v, k), r in runs.items() if (s, v) == (MULTIPLIER_BASE, 'attention')}
+    points = {}
+    for (s, v, k), r in sorted(runs.items(), key=lambda kr: (kr[0][2], kr[0][0])):
+        if v == 'attention' and k in base and s in (MULTIPLIER_BASE, *budgets):
+            points.setdefault(k, []).append((math.log(int(r['tokens']) / int(base[k]['tokens'])), r['val_loss']))
+    return points
+
+
+def within_slope(points):
+    """The least-squares slope of y on x with each seed's own intercept (its means removed), over the seeds with two
+    points or more: Σ (x − x̄_s)(y − ȳ_s) / Σ (x − x̄_s)²; NaN without two points in any seed."""
+    sxy = sxx = 0.0
+    for pairs in points:
+        if len(pairs) > 1:
+            x_bar, y_bar = (statistics.fmean(column) for column in zip(*pairs))
+            sxy += sum((x - x_bar) * (y - y_bar) for x, y in pairs)
+            sxx += sum((x - x_bar) ** 2 for x, _ in pairs)
+    return sxy / sxx if sxx > 0 else float('nan')
+
+
+def multiplier_of(points, gains):
+    """m = exp(D / β): D the mean gain (a list, one per seed), β attention's within-seed slope on ln tokens (points: a
+    list of each seed's (x, y) pairs); ∞ where β ≥ 0 (attention not improving with tokens), NaN where β is."""
+    beta, gain = within_slope(points), statistics.fmean(gains)
+    if not math.isfinite(beta):
+        return float('nan')
+    return math.exp(gain / beta) if beta < 0 else math.inf
+
+
+def token_multiplier(runs, variant, budgets=MULTIPLIER_BUDGETS, resamples=RESAMPLES):
+    """The pre-registered estimate for one variant at 1×: (m, its 95 % CI (low, high), β, D, the seeds of D, the
+    curve seeds (with a longer budget), attention's runs in the fit). runs: corridor_settled's and token_multiplier's
+    per-seed rows together. The CI: `resamples` paired bootstrap resamples over seeds (random.Random(0)), stratified:
+    as many seeds drawn with replacement from the curve seeds as there are, and from the other seeds of D likewise; a
+    drawn seed brings its gain and its curve, so β and D come from the same seeds; the 2.5 and 97.5 percentiles of m
+    (order statistics ⌊0.025·B⌋ + 1 and ⌈0.975·B⌉)."""
+    points = attention_points(runs, budgets)
+    gains = {k: runs[(MULTIPLIER_BASE, variant, k)]['val_loss'] - runs[(MULTIPLIER_BASE, 'attention', k)]['val_loss']
+             for k in sorted(points) if (MULTIPLIER_BASE, variant, k) in runs}
+    curve = [k for k in gains if len(points[k]) > 1]
+    rest = [k for k in gains if len(points[k]) < 2]
+    m = multiplier_of([points[k] for k in curve], list(gains.values())) if gains else float('nan')
+    if not curve or not gains:
+        return m, (float('nan'), float('nan')), float('nan'), float('nan'), sorted(gains), curve, 0
+    rng, draws = random.Random(0), []
+    for _ in range(resamples):
+        seeds = [rng.choice(curve) for _ in curve] + [rng.choice(rest) for _ in rest]
+        draws.append(multiplier_of([points[k] for k in seeds if k in curve], [gains[k] for k in seeds]))
+    draws.sort()
+    ci = (draws[math.floor(0.025 * resamples)], draws[math.ceil(0.975 * resamples) - 1])
+    return (m, ci, within_slope([points[k] for k in curve]), statistics.fmean(gains.values()), sorted(gains), curve,
+            sum(len(points[k]) for k in curve))
+
+
+def read_curves(study):
+    """{(setting, variant, seed): [(iter, tokens, val loss, train loss)] in iteration order} of NAME_curves.csv."""
+    curves = {}
+    rows = keyed_rows(os.path.join(PER_SEED, f'{study}_curves.csv'), curve_key)[1]
+    for (*key, _), r in rows.items():
+        curves.setdefault(tuple(key), []).append((int(r['iter']), int(r['tokens']), float(r['val_loss']),
+                                                  float(r['train_loss'])))
+    return {key: sorted(points) for key, points in curves.items()}
+
+
+def check_curves(runs, curves):
+    """Each run's curve ends where its per-seed row does (iteration, tokens, final val loss, exactly): the curves file
+    and the per-seed file are one set of runs. The runs checked."""
+    for key, r in runs.items():
+        if key not in curves or curves[key][-1][:3] != (int(r['iter']), int(r['tokens']), r['val_loss']):
+            raise UserError(f"docs/per_seed: {key}'s curve does not end at its per-seed row's final loss")
+    if extra := sorted(curves.keys() - runs.keys()):
+        raise UserError(f"docs/per_seed: {extra[0]} has a curve but no per-seed row")
+    return len(runs)
+
+
+def times(m):
+    return '∞' if m == math.inf else f"{m:.3f}"
+
+
+def token_multiplier_tables(runs, settled=None, curves=None):
+    """token_multiplier's numbers from its per-seed file (runs), its curves and corridor_settled's per-seed file: per
+    variant at 1× the multiplier m with its bootstrap CI, β, D, and m from the 1× and 1.1× budgets alone (the
+    sensitivity named with the plan); the corridor from γ0 = −0.1 against fixed γ = −0.1 and against the corridor from
+    γ0 = 0 (Holm over the two); where its γ̄ ends against the corridor from γ0 = 0's, paired by seed. Each table a
+    string, then the multipliers as the page quotes them."""
+    settled = read_file('corridor_settled') if settled is None else settled
+    check_curves(runs, read_curves('token_multiplier') if curves is None else curves)
+    both = {**settled, **runs}
+    out = ["| variant at 1× (4,800 iterations) | D: − attention at 1×, seeds | attention's slope β on ln tokens (curve "
+           "seeds, runs) | token multiplier m [95 % CI, paired bootstrap] | tokens at m | m from 1× and 1.1× alone [95 % CI] |",
+           '|---|---|---|---|---|---|']
+    quotes = []
+    for variant, label in MULTIPLIER_VARIANTS.items():
+        m, (low, high), beta, gain, seeds, curve, n = token_multiplier(both, variant)
+        if not seeds:
+            continue
+        local, (local_low, local_high), *_ = token_multiplier(both, variant, MULTIPLIER_BUDGETS[:1])
+        tokens = int(both[(MULTIPLIER_BASE, 'attention', seeds[0])]['tokens'])
+        out.append(f"| {label} | {signed(gain, 5)} ({len(seeds)}) | {signed(beta, 4)} ({len(curve)}, {n}) | "
+                   f"{times(m)} [{times(low)}, {times(high)}] | {m * tokens / 1e6:.2f}M | "
+                   f"{times(local)} [{times(local_low)}, {times(local_high)}] |")
+        quotes.append(f"{label}: m = {times(m)} [{times(low)}, {times(high)}]")
+    tests = {}
+    for other in ('fixed_gamma=-0.1', 'corridor'):
+        differences = seed_pairs(both, MULTIPLIER_BASE, 'corridor_start', other)
+        if differences:
+            tests[other] = paired_test(differences)
+    adjusted = holm_within(tests, lambda key: 'the γ0 = −0.1 arm')
+    arm = ["| test (paired by seed, Holm over 2) | seeds | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict |",
+           '|---|---|---|---|---|---|---|---|']
+    for other, t in tests.items():
+        below = sum(d < 0 for d in seed_pairs(both, MULTIPLIER_BASE, 'corridor_start', other))
+        name = MULTIPLIER_VARIANTS[other]
+        if t.n > 1:
+            arm.append(f"| corridor from γ0 = −0.1 − {name} | {row_cells(t, adjusted[other][0], None, below)} |")
+        else:
+            arm.append(f"| corridor from γ0 = −0.1 − {name} | 1 | {signed(t.mean, 5)} | – | – | – | {below} of 1 | no test |")
+    gammas = [float(both[(MULTIPLIER_BASE, 'corridor_start', k)]['gamma_mean'])
+              - float(both[(MULTIPLIER_BASE, 'corridor', k)]['gamma_mean'])
+              for k in sorted(k for s, v, k in both if (s, v) == (MULTIPLIER_BASE, 'corridor_start'))
+              if (MULTIPLIER_BASE, 'corridor', k) in both]
+    g = paired_test(gammas)
+    where = (f"final γ̄ of the corridor from γ0 = −0.1 − from γ0 = 0, paired by seed ({g.n} seeds): "
+             + (f"{signed(g.mean, 3)} [{signed(g.low, 3)}, {signed(g.high, 3)}]" if g.n > 1 else
+                signed(g.mean, 3) if g.n else 'no run yet'))
+    return ['\n'.join(out), '\n'.join(arm), where, '; '.join(quotes)]
+
+
+def token_multiplier_section(runs):
+    """results_recomputed.md's lines for token_multiplier: its tables, interim or not."""
+    return [f"The multiplier and the γ0 = −0.1 arm, with corridor_settled's runs at 1× "
+            "([per_seed/corridor_settled.csv](per_seed/corridor_settled.csv)) and this study's curves "
+            "([per_seed/token_multiplier_curves.csv](per_seed/token_multiplier_curves.csv)): m = exp(D / β), β the "
+            f"within-seed slope of attention's final loss on ln tokens, the CI {RESAMPLES:,} stratified paired "
+            "bootstrap resamples over seeds (docs/studies.md, `--study=token_multiplier`).", '',
+            *token_multiplier_tables(runs), '']
+
+
+SECTIONS = {'token_multiplier': token_multiplier_section}  # a study whose runs pair with another's: its own lines
+
+
 TABLES = {'claims': claims_table, 'fixed_gamma': fixed_gamma_table, 'replication': replication_quotes,
           'fixed_gamma_powered': fixed_gamma_powered_table, 'corridor_settled_pilot': corridor_settled_pilot_table,
           'corridor_settled': corridor_settled_table, 'geometry_walk': geometry_quotes, 'scales': scales_table,
-          'ladder': ladder_table, 'gamma_dynamics': gamma_dynamics_table, 'pretrained': pretrained_tables}
+          'ladder': ladder_table, 'gamma_dynamics': gamma_dynamics_table, 'pretrained': pretrained_tables,
+          'token_multiplier': token_multiplier_tables}
 PAGES = {'pretrained': 'pretrained.md'}  # the page in docs/ of a study's tables where it is not studies.md
 
 
 def planned_runs(study, runs):
-    """(runs in the file, runs the study plans (lab.studies.STUDIES)); a walk file counts its runs, not its rows; a
-    file of no study: its own count twice."""
-    name = study.removesuffix('_walk')
+    """(runs in the file, runs the study plans (lab.studies.STUDIES)); a walk or curves file counts its runs, not its
+    rows; a file of no study: its own count twice."""
+    name = study.removesuffix('_walk').removesuffix('_curves')
     have = len({key[:3] for key in runs}) if name != study else len(runs)  # (setting, variant, seed)
     return have, sum(len(p.variants) * p.seeds for p in STUDIES[name].parts) if name in STUDIES else have
 
 
 def read_file(study):
-    """A published file of docs/per_seed/: a walk file (NAME_walk.csv) or a study's per-seed losses."""
+    """A published file of docs/per_seed/: a walk file (NAME_walk.csv), a curves file (NAME_curves.csv) or a study's
+    per-seed losses."""
+    if study.endswith('_curves'):
+        return read_curves(study.removesuffix('_curves'))
     path = os.path.join(PER_SEED, f'{study}.csv')
     return (read_walk if study.endswith('_walk') else read_per_seed)(path)
 
 
 # the files beside a study's per-seed file that its renderer also reads (NAME_layers.csv, NAME_frozen.csv)
-SIDE_FILES = {'gamma_dynamics': ('layers',), 'pretrained': ('layers', 'frozen')}
+SIDE_FILES = {'gamma_dynamics': ('layers',), 'pretrained': ('layers', 'frozen'), 'token_multiplier': ('curves',)}
 
 
 def study_tables():
@@ -835,12 +1011,12 @@ def render():
             "rungs train longer, and γ moves further the longer a run trains):", '',
             f"- pre-registered (the primary test): {unweighted}", f"- {weighted}",
             '',
-            "## SmolLM2-135M operator-only, the first sitting (2 seeds, pretrained.md): one family, its three "
-            "comparisons (m = 3)", '',
+            "## SmolLM2-135M operator-only, the first run of corridor and δ only (seeds 0 and 1, pretrained.md): one "
+            "family, its three comparisons (m = 3)", '',
             "From the per-seed final losses the page states (4 decimals); 1 df per test.", '', *HEADER]
-    first = [(f"{a} − {b}", 'WikiText-2 (SmolLM2 tokens)', paired_test([x - y for x, y in zip(SITTING[a], SITTING[b])]))
+    first = [(f"{a} − {b}", 'WikiText-2 (SmolLM2 tokens)', paired_test([x - y for x, y in zip(FIRST_RUN[a], FIRST_RUN[b])]))
              for a, b in (('corridor', 'δ only'), ('corridor', 'frozen model'), ('δ only', 'frozen model'))]
-    out += rows([(label, corpus, t.mean, t.sd, t.n) for label, corpus, t in first], lambda c: 'first sitting')
+    out += rows([(label, corpus, t.mean, t.sd, t.n) for label, corpus, t in first], lambda c: 'first run')
     out += ['', "## Claim (b): a share of heads per seed, not a paired difference: `gamma_dynamics`' tables are rendered "
             "on studies.md from its per-seed and per-layer files (`gamma_dynamics_table`).", '']
     return '\n'.join(out) + '\n'
@@ -850,13 +1026,14 @@ def render():
 # its order in the file (settings in the study's order, then as a report writes them)
 REPORT_FILES = {'': ('per_seed.csv', run_key, lambda k, at: (at(k[0]), k[2], k[1])),
                 'layers': ('per_seed_layers.csv', layer_key, lambda k, at: (at(k[0]), k[2], k[1], k[3])),
-                'frozen': ('per_batch_frozen.csv', batch_key, lambda k, at: (at(k[0]), k[1], k[2]))}
+                'frozen': ('per_batch_frozen.csv', batch_key, lambda k, at: (at(k[0]), k[1], k[2])),
+                'curves': ('per_seed_curves.csv', curve_key, lambda k, at: (at(k[0]), k[2], k[1], k[3]))}
 
 
 def append_report(study, folder):
-    """Add a later sitting's runs (its report folder, R/STUDY, written by `lab.sweep --report_only=True` at this
-    code) to the study's published files: per_seed.csv, and the side files its tables read. For a study trained over
-    sittings whose run folders do not survive between them. Refused, writing nothing: a run the study does not plan,
+    """Add more runs of a study (its report folder, R/STUDY, written by `lab.sweep --report_only=True` at this code)
+    to the study's published files: per_seed.csv, and the side files its tables read. For a study trained in parts
+    whose run folders are not kept together. Refused, writing nothing: a run the study does not plan,
     a report lacking a column the published file has (a report from older code), and a run (layer, batch) already
     published that comes back with other numbers (every column both fill but the wall time `seconds`: a run trained
     again). A column only the new rows have is left empty in the old ones. {published file: rows added}."""
@@ -897,8 +1074,8 @@ def append_report(study, folder):
 def per_seed_figure(study, folder):
     """A pre-registered study's per-seed figure, as its report draws it (lab/study_figures.py's PREREGISTERED: a panel
     per setting, a column per `variant − attention` with its role, one dot per seed, mean and 95 % CI), from its
-    published file alone, into folder/its image: for a study gathered over sittings, whose earlier run folders (and so
-    its report's figure) are gone. The path of the image."""
+    published file alone, into folder/its image: for a study gathered in parts, whose report folders (and so its
+    report's figure) each hold some of its runs. The path of the image."""
     if study not in PREREGISTERED:
         raise UserError(f"--figure draws a pre-registered study's per-seed figure: {', '.join(PREREGISTERED)}, "
                         f"not {study!r}")

@@ -226,11 +226,28 @@ def per_seed_rows(results):
     return rows
 
 
+CURVE_FIELDS = ('setting', 'variant', 'seed', 'iter', 'tokens', 'val_loss', 'train_loss')
+
+
+def per_eval_rows(results):
+    """One row per finished run and evaluation: its iteration, tokens seen and the validation and training losses
+    there (repr: exact), in iteration order (an evaluation a resumed run logged twice: its last entry).
+    The learning curves a reader fits without the run folders (docs/per_seed/NAME_curves.csv)."""
+    rows = []
+    for setting, (loaded, _) in results.items():
+        for (variant, seed), run in sorted(loaded.items(), key=lambda item: (item[0][1], item[0][0])):
+            evaluations = {e['iter']: e for e in run['log'] if 'val_loss' in e}
+            rows += [dict(setting=setting, variant=variant, seed=seed, iter=e['iter'], tokens=e['tokens'],
+                          val_loss=repr(e['val_loss']), train_loss=repr(e['train_loss']))
+                     for _, e in sorted(evaluations.items())]
+    return rows
+
+
 def report(name, study, runs, out, figures, without_runs=False):
-    """Load every finished run, write OUT/report.md, report.json, per_seed.csv and per_seed_layers.csv (each run's
-    numbers, per_seed_rows and per_layer_rows), the figures every study shares and the study's own (figures: its
-    function in lab/study_figures.py); print the report. without_runs: a report even before any run
-    finished (the pretrained study's frozen curve is an evaluation)."""
+    """Load every finished run, write OUT/report.md, report.json, per_seed.csv, per_seed_layers.csv and
+    per_seed_curves.csv (each run's numbers, per_seed_rows, per_layer_rows and per_eval_rows), the figures every
+    study shares and the study's own (figures: its function in lab/study_figures.py); print the report.
+    without_runs: a report even before any run finished (the pretrained study's frozen curve is an evaluation)."""
     os.makedirs(out, exist_ok=True)
     results, skipped, planned = {}, [], {}  # planned: each setting's variants (canonical specs), in the study's order
     for setting, variant, _ in runs:
@@ -273,6 +290,10 @@ def report(name, study, runs, out, figures, without_runs=False):
         writer = csv.DictWriter(f, PER_LAYER_FIELDS, lineterminator='\n')
         writer.writeheader()
         writer.writerows(per_layer_rows(results))
+    with atomic_write(os.path.join(out, 'per_seed_curves.csv')) as f:
+        writer = csv.DictWriter(f, CURVE_FIELDS, lineterminator='\n')
+        writer.writeheader()
+        writer.writerows(per_eval_rows(results))
     with atomic_write(os.path.join(out, 'report.json')) as f:
         json.dump(dict(settings={setting: summary for setting, (_, summary) in results.items()}, tests=tests.tests),
                   f, indent=1)

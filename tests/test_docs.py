@@ -637,3 +637,62 @@ def test_the_per_seed_folders_page_counts_each_files_runs_and_lists_every_file()
             assert len(module.read_frozen(study.removesuffix('_frozen'), module.PRETRAINED)) == runs, name
         else:
             assert module.planned_runs(study, module.read_file(study))[0] == runs, name
+
+
+def test_the_token_multiplier_is_exp_of_the_gain_over_attentions_slope_on_log_tokens_by_hand(tmp_path, monkeypatch):
+    """Made-up files whose answer is closed-form: attention's final loss is exactly a_s + b·ln(tokens / 1×'s) in every
+    seed (b = −0.12; curves at 1×, and at 1.1×, 1.2×, 1.4× for seeds 300-302), so the within-seed slope is b; the
+    corridor sits D = −0.004 below attention at 1× in every seed, so m = exp(D / b) and every bootstrap resample gives
+    it (a CI of one point); fixed γ's gains differ by seed, so its m is exp(mean gain / b) with a CI inside the
+    seeds' extremes; the 1×-and-1.1× sensitivity gives the same m on a line. The corridor from γ0 = −0.1 against fixed
+    γ and the γ0 = 0 corridor: paired by seed, Holm over the two. The curves must end at the per-seed rows."""
+    module = recomputed_module()
+    monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
+    b, base, tokens = -0.12, 'wikitext2_char/small-x4', {'': 3686400, '-1.1x': 4055040, '-1.2x': 4423680, '-1.4x': 5160960}
+    a = {300 + i: 1.70 + 0.01 * i for i in range(6)}
+    fixed_gain = {300: -0.003, 301: -0.006, 302: -0.005, 303: -0.004, 304: -0.007, 305: -0.005}
+    start = {k: (0.001, 0.002, -0.001, 0.003, 0.002, 0.001)[k - 300] for k in a}  # corridor from γ0 = −0.1 − fixed γ
+    settled, study = [], []
+    for k, intercept in a.items():
+        settled += [(base, 'attention', k, tokens[''], intercept, 0.0), (base, 'corridor', k, tokens[''], intercept - 0.004, -0.2),
+                    (base, 'fixed_gamma=-0.1', k, tokens[''], intercept + fixed_gain[k], -0.1)]
+        study.append((base, 'corridor_start', k, tokens[''], intercept + fixed_gain[k] + start[k], -0.21))
+        if k < 303:
+            study += [(base + tag, 'attention', k, n, intercept + b * math.log(n / tokens['']), 0.0)
+                      for tag, n in tokens.items() if tag]
+    header = 'setting,variant,seed,iter,tokens,val_loss,gamma_mean,delta_mean\n'
+    for name, rows in (('corridor_settled', settled), ('token_multiplier', study)):
+        (tmp_path / f'{name}.csv').write_text(header + ''.join(f'{s},{v},{k},{n // 768},{n},{repr(x)},{g},1.0\n'
+                                                               for s, v, k, n, x, g in rows))
+    curves = 'setting,variant,seed,iter,tokens,val_loss,train_loss\n' + ''.join(
+        f'{s},{v},{k},{i},{i * 768},{repr(x + (n // 768 - i) * 1e-4)},{repr(x)}\n'
+        for s, v, k, n, x, _ in study for i in (0, 400, n // 768))
+    (tmp_path / 'token_multiplier_curves.csv').write_text(curves)
+    runs, both = module.read_file('token_multiplier'), {**module.read_file('corridor_settled'), **module.read_file('token_multiplier')}
+
+    m, (low, high), beta, gain, seeds, curve, n = module.token_multiplier(both, 'corridor')
+    assert beta == pytest.approx(b) and gain == pytest.approx(-0.004) and m == pytest.approx(math.exp(-0.004 / b))
+    assert (low, high) == pytest.approx((m, m)) and seeds == list(a) and curve == [300, 301, 302] and n == 12
+    m, (low, high), *_ = module.token_multiplier(both, 'fixed_gamma=-0.1')
+    assert m == pytest.approx(math.exp(statistics.fmean(fixed_gain.values()) / b))
+    assert math.exp(-0.003 / b) < low < m < high < math.exp(-0.007 / b)
+    assert module.token_multiplier(both, 'fixed_gamma=-0.1', module.MULTIPLIER_BUDGETS[:1])[0] == pytest.approx(m)
+    assert module.multiplier_of([[(0.0, 1.0), (0.1, 1.0)]], [-0.004]) == math.inf  # attention not improving
+
+    tables = module.token_multiplier_tables(runs)
+    assert f"| learnable corridor (γ0 = 0) | −0.00400 (6) | −0.1200 (3, 12) | {math.exp(-0.004 / b):.3f} [" in tables[0]
+    tests = {'fixed': module.paired_test([start[k] for k in a]),  # by construction, seed by seed
+             'corridor': module.paired_test([start[k] + fixed_gain[k] + 0.004 for k in a])}
+    (p_low, p_high) = sorted(t.p for t in tests.values())
+    holm = dict(zip(sorted(tests, key=lambda o: tests[o].p), (2 * p_low, max(2 * p_low, p_high))))
+    for other, label in (('fixed', 'fixed γ = −0.1, δ = 1'), ('corridor', 'learnable corridor (γ0 = 0)')):
+        row = next(line for line in tables[1].splitlines() if line.startswith(f'| corridor from γ0 = −0.1 − {label} |'))
+        assert f'| 6 | {module.signed(tests[other].mean, 5)} [' in row and f' | {module.p_text(min(1, holm[other]))} | ' in row
+    assert tables[2].startswith('final γ̄ of the corridor from γ0 = −0.1 − from γ0 = 0, paired by seed (6 seeds): −0.010 [')
+    assert module.planned_runs('token_multiplier_curves', module.read_file('token_multiplier_curves'))[0] == len(study)
+
+    final = repr(a[300] + b * math.log(tokens['-1.1x'] / tokens['']))
+    assert f',{final},{final}\n' in curves
+    (tmp_path / 'token_multiplier_curves.csv').write_text(curves.replace(f',{final},{final}\n', f',1.0,{final}\n'))
+    with pytest.raises(module.UserError, match="curve does not end at its per-seed row's final loss"):
+        module.token_multiplier_tables(runs)

@@ -367,6 +367,20 @@ def test_the_token_multiplier_plans_what_studies_md_names(tiny_data_root):
     assert {seed for _, _, seed in runs} <= settled
 
 
+def test_the_curves_file_has_every_evaluation_of_every_run_exactly(fake_study):
+    """per_seed_curves.csv's rows: one per run and evaluation, in iteration order, the losses as logged (repr); an
+    evaluation a resumed run logged twice appears once, with its last entry."""
+    loaded, _ = fake_study['tiny/a']
+    loaded[('attention', 0)]['log'].insert(2, dict(loaded[('attention', 0)]['log'][2], val_loss=9.0))  # logged twice
+    rows = reports.per_eval_rows(fake_study)
+    assert len(rows) == len(FINAL_LOSS) * 3 * 5 and set(rows[0]) == set(reports.CURVE_FIELDS)
+    first = [r for r in rows if (r['variant'], r['seed']) == ('attention', 0)]
+    assert [r['iter'] for r in first] == [0, 10, 20, 30, 40] and [r['tokens'] for r in first] == [0, 500_000, 1_000_000,
+                                                                                              1_500_000, 2_000_000]
+    assert [float(r['val_loss']) for r in first] == [2.0 + 0.1 * (4 - k) for k in range(5)]
+    assert first[-1]['val_loss'] == repr(FINAL_LOSS['attention'][0]) and first[-1]['train_loss'] == repr(2.0)
+
+
 def test_gammas_last_quarter_change_is_the_last_mean_minus_the_one_three_quarters_of_the_way():
     """Nine evaluations whose mean γ is −0.1·k: the last quarter starts at evaluation 6, so the change is −0.2."""
     series = [(100 * k, torch.full((2, 3), -0.1 * k), torch.ones(2, 3)) for k in range(9)]
