@@ -921,20 +921,27 @@ def token_multiplier_tables(runs, settled=None, curves=None):
               for k in sorted(k for s, v, k in both if (s, v) == (MULTIPLIER_BASE, 'corridor_start'))
               if (MULTIPLIER_BASE, 'corridor', k) in both]
     g = paired_test(gammas)
-    where = (f"final γ̄ of the corridor from γ0 = −0.1 − from γ0 = 0, paired by seed ({g.n} seeds): "
+    where = (f"Final γ̄ of the corridor from γ0 = −0.1 − from γ0 = 0, paired by seed ({g.n} seeds): "
              + (f"{signed(g.mean, 3)} [{signed(g.low, 3)}, {signed(g.high, 3)}]" if g.n > 1 else
                 signed(g.mean, 3) if g.n else 'no run yet'))
+    if not tests:
+        arm = ["The corridor from γ0 = −0.1: no run yet."]
     return ['\n'.join(out), '\n'.join(arm), where, '; '.join(quotes)]
 
 
 def token_multiplier_section(runs):
     """results_recomputed.md's lines for token_multiplier: its tables, interim or not."""
-    return [f"The multiplier and the γ0 = −0.1 arm, with corridor_settled's runs at 1× "
-            "([per_seed/corridor_settled.csv](per_seed/corridor_settled.csv)) and this study's curves "
-            "([per_seed/token_multiplier_curves.csv](per_seed/token_multiplier_curves.csv)): m = exp(D / β), β the "
-            f"within-seed slope of attention's final loss on ln tokens, the CI {RESAMPLES:,} stratified paired "
-            "bootstrap resamples over seeds (docs/studies.md, `--study=token_multiplier`).", '',
-            *token_multiplier_tables(runs), '']
+    curve = {k for s, v, k in runs if v == 'attention' and s in MULTIPLIER_BUDGETS}
+    lines = [f"The multiplier and the γ0 = −0.1 arm, with corridor_settled's runs at 1× "
+             "([per_seed/corridor_settled.csv](per_seed/corridor_settled.csv)) and this study's curves "
+             "([per_seed/token_multiplier_curves.csv](per_seed/token_multiplier_curves.csv)): m = exp(D / β), β the "
+             f"within-seed slope of attention's final loss on ln tokens, the CI {RESAMPLES:,} stratified paired "
+             "bootstrap resamples over seeds (docs/studies.md, `--study=token_multiplier`)."
+             + (" With one seed at the longer budgets the bootstrap cannot vary β: the CI is D's alone." if len(curve) == 1
+                else '')]
+    for text in token_multiplier_tables(runs):
+        lines += ['', text]
+    return lines + ['']
 
 
 SECTIONS = {'token_multiplier': token_multiplier_section}  # a study whose runs pair with another's: its own lines

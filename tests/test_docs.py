@@ -398,7 +398,7 @@ def test_the_per_seed_readers_refuse_a_file_that_repeats_a_run_a_layer_or_a_batc
 
 def test_a_later_sittings_report_is_appended_to_a_studys_files_in_the_reports_order_and_never_changes_a_run(
         tmp_path, monkeypatch):
-    """--append: the published file appended to itself comes back byte for byte; a later sitting's runs land in the
+    """--append: the published file appended to itself comes back byte for byte; more runs of the study land in the
     report's order (settings in the study's order, seed, variant; layers by layer) in the per-seed file and its side
     file, a column only they have left empty in the old rows, a run trained again accepted when only its wall time
     differs. Refused, with nothing written: a run the study does not plan, a report lacking a published column, a
@@ -688,7 +688,7 @@ def test_the_token_multiplier_is_exp_of_the_gain_over_attentions_slope_on_log_to
     for other, label in (('fixed', 'fixed γ = −0.1, δ = 1'), ('corridor', 'learnable corridor (γ0 = 0)')):
         row = next(line for line in tables[1].splitlines() if line.startswith(f'| corridor from γ0 = −0.1 − {label} |'))
         assert f'| 6 | {module.signed(tests[other].mean, 5)} [' in row and f' | {module.p_text(min(1, holm[other]))} | ' in row
-    assert tables[2].startswith('final γ̄ of the corridor from γ0 = −0.1 − from γ0 = 0, paired by seed (6 seeds): −0.010 [')
+    assert tables[2].startswith('Final γ̄ of the corridor from γ0 = −0.1 − from γ0 = 0, paired by seed (6 seeds): −0.010 [')
     assert module.planned_runs('token_multiplier_curves', module.read_file('token_multiplier_curves'))[0] == len(study)
 
     final = repr(a[300] + b * math.log(tokens['-1.1x'] / tokens['']))
