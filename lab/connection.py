@@ -42,7 +42,9 @@ moments O(H³d_h³ + H⁴d_h²) once per layer. In float64 the result is exact t
 ‖G − μI‖² = ‖G‖² − tr(G)²/d cancels near an isometry: δ_orth below ~1e-8 reads as ~1e-8.
 
 
-Used by train.py (walk_interval), lab/bench.py and lab/walk.py, the command line that writes tables and plots.
+Every per-layer diagnostic is one entry of DIAGNOSTICS: how it is computed, and how lab/walk.py prints and plots it
+and lab/figures.py draws it over training. Used by train.py (walk_interval), lab/bench.py and lab/walk.py, the
+command line that writes tables and plots.
 """
 
 import math
@@ -212,9 +214,106 @@ def sampled_gram_entries(w, m, d, columns):
 
 # ---------------------------------------------------------------------------------------------- the diagnostics
 
-# the per-layer lists train.py logs (walk_interval); append only: running studies read these names
-PER_LAYER = ('a_eff_fro', 'drift', 'delta_orth', 'delta_orth_trace', 'gram_rel', 'gram_diag_mean', 'gram_offdiag_mean',
-             'delta_orth_null')
+class WalkStep(NamedTuple):
+    """What the walk has computed for one layer and one batch of B sequences, for a diagnostic's value to read."""
+    A: torch.Tensor                  # [B, H, T, T]: every head's walk weights
+    edges: torch.Tensor              # [B, E]: A_eff on the edges that count
+    previous: Optional[torch.Tensor]  # [B, E]: the layer before's, None in the first layer
+    w: torch.Tensor                  # [B·E, H]: each edge's head weights w_ij^h, normalised by Σ_h |A_h[i,j]|
+    geometry: dict                   # [B·E] each (edge_geometry): trace (tr G), delta, rel, null; NaN where O_ij = 0
+    d: int                           # the model's width
+
+
+class Diagnostic(NamedTuple):
+    """One per-layer diagnostic of the walk: how it is computed, and how lab/walk.py and lab/figures.py show it.
+    What value is given and returns, for `per`:
+      'sequence'  value(step: WalkStep) -> [B], a number per sequence (None in a layer that has none: drift in the
+                  first); the result is the mean over the sequences
+      'edge'      value(step) -> [B·E], a number per edge, NaN where it is undefined; the mean over the defined edges
+      'walk'      value(r, d) -> [L], after the walk, from its results r: every 'sequence' and 'edge' entry's, the
+                  'walk' entries' above it, and r['gram'] (Ḡ [L, d, d])
+      'shown'     value(r) -> [L], or None where r lacks its inputs: computed when shown (a table, a plot, a log's
+                  figure), neither returned by connection_diagnostics nor logged"""
+    name: str
+    per: str
+    value: Callable
+    sem: bool = False                # its standard error over sequences in the results' 'sem' ('walk': value applied
+                                     # to the standard errors of what it reads, so only for a linear function of them)
+    column: Optional[tuple] = None   # (header, format) of its column in lab/walk.py's per-layer table
+    plot: Optional[str] = None       # title of its panel in lab/walk.py's walk_layers.png
+    panel: Optional[str] = None      # title of its row in lab/figures.py's walk during training (and of the geometry
+                                     # study's rows, lab/study_figures.py)
+
+
+def _drift(step):
+    if step.previous is None:
+        return None
+    cos = (step.previous * step.edges).sum(1) / (step.previous.norm(dim=1) * step.edges.norm(dim=1))
+    return 1 - cos
+
+
+def _gram_entries(gram):
+    """Mean |diagonal| and mean |off-diagonal| entry of every layer's Ḡ [L, d, d]."""
+    d = gram.shape[-1]
+    diag = gram.diagonal(dim1=1, dim2=2).abs()
+    return diag.mean(1), (gram.abs().sum((1, 2)) - diag.sum(1)) / (d * d - d)
+
+
+def _ratio(r, diagonal, off_diagonal):
+    return [a / b for a, b in zip(r[diagonal], r[off_diagonal])] if diagonal in r else None
+
+
+# Every per-layer diagnostic, in the order of lab/walk.py's table columns and plot panels: a new one is one entry here
+# (docs/diagnostics.md, "Adding a diagnostic"). The sampled per-edge Gram reading (gram_edges) is outside it: an option
+# that builds some edges' G, which no other diagnostic needs.
+DIAGNOSTICS = (
+    Diagnostic('drift', 'sequence', _drift, sem=True, column=('drift to next', '.4f'),
+               plot='drift 1 − cos(A_eff^ℓ, A_eff^ℓ+1)', panel='drift to the next layer'),
+    Diagnostic('a_eff_fro', 'sequence', lambda step: step.edges.norm(dim=1), sem=True, column=('‖A_eff‖_F', '.3f'),
+               plot='‖A_eff‖_F', panel='‖A_eff‖_F'),
+    Diagnostic('delta_orth_trace', 'walk', lambda r, d: [x / math.sqrt(d) for x in r['delta_orth']], sem=True,
+               column=('δ_orth/√d', '.4f'), plot='δ_orth/√d = ‖G − μI‖_F / tr G'),
+    Diagnostic('delta_orth', 'edge', lambda step: step.geometry['delta'], sem=True, column=('δ_orth', '.3f'),
+               panel='δ_orth'),
+    Diagnostic('delta_orth_null', 'edge', lambda step: step.geometry['null'], column=('δ_orth null', '.3f')),
+    Diagnostic('gram_rel', 'edge', lambda step: step.geometry['rel'], column=('‖G−μI‖/‖G‖', '.3f')),
+    Diagnostic('gram_diag_mean', 'walk', lambda r, d: _gram_entries(r['gram'])[0].tolist()),
+    Diagnostic('gram_offdiag_mean', 'walk', lambda r, d: _gram_entries(r['gram'])[1].tolist()),
+    Diagnostic('gram_ratio', 'shown', lambda r: _ratio(r, 'gram_diag_mean', 'gram_offdiag_mean'),
+               column=('Ḡ ratio', '.1f'), plot='Gram diag / off-diag of Ḡ',
+               panel='Ḡ diagonal / off-diagonal (mean abs)'),
+    Diagnostic('gram_edge_ratio', 'shown', lambda r: _ratio(r, 'gram_edge_diag_mean', 'gram_edge_offdiag_mean'),
+               column=('per-edge ratio', '.1f'), plot='Gram diag / off-diag, per edge'),
+)
+
+# Two orders that files already written keep, whatever the registry's: the results' (log.jsonl's 'walk' lists, which
+# running studies read, and diagnostics.json's), and the rows of the walk during training (the geometry study's
+# report rows, which docs/results_recomputed.py reads). An entry not named here comes after these, in registry order.
+RESULT_ORDER = ('a_eff_fro', 'drift', 'delta_orth', 'delta_orth_trace', 'gram_rel', 'gram_diag_mean',
+                'gram_offdiag_mean', 'delta_orth_null')
+PANEL_ORDER = ('drift', 'delta_orth', 'a_eff_fro', 'gram_ratio')
+
+
+def in_order(entries, first):
+    """entries, those named in `first` first and in its order, then the others in registry order."""
+    return sorted(entries, key=lambda e: first.index(e.name) if e.name in first else len(first))
+
+
+def diagnostic(name):
+    """The registry's entry called `name`, None when there is none."""
+    return next((e for e in DIAGNOSTICS if e.name == name), None)
+
+
+def per_layer():
+    """The names of the per-layer lists connection_diagnostics returns and train.py logs (walk_interval), in order."""
+    return [e.name for e in in_order([e for e in DIAGNOSTICS if e.per != 'shown'], RESULT_ORDER)]
+
+
+def shown(numbers):
+    """{name: per-layer list} of the 'shown' diagnostics that `numbers` (a walk's results, or a log's) has the inputs
+    of."""
+    values = {e.name: e.value(numbers) for e in DIAGNOSTICS if e.per == 'shown'}
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def to_host(t):
@@ -245,11 +344,12 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
     full_operator: walk weights c_I·I + c_P·P of the operator instead of the attention probabilities alone.
     gram_edges: also the per-edge reading of Gram dominance, from this many edges drawn at random (seeded; all of
     them when there are fewer), each edge's G built explicitly (up to GRAM_COLUMNS of its columns); 0 skips it.
-    Returns a dict of per-layer lists (PER_LAYER): a_eff_fro [L], drift [L−1], delta_orth [L], delta_orth_trace [L]
-    (δ_orth / √d), gram_rel [L], gram_diag_mean [L], gram_offdiag_mean [L] (Ḡ), delta_orth_null [L] (closed form);
-    with gram_edges, gram_edge_diag_mean and gram_edge_offdiag_mean [L] and gram_edges (how many); sem: the standard
-    error over sequences of a_eff_fro, drift, delta_orth and delta_orth_trace; tensors a_eff [L, T, T] (mean over
-    sequences) and gram [L, d, d] (Ḡ) for plots. The model is left in the mode it was in."""
+    Returns a dict of per-layer lists, one per entry of DIAGNOSTICS that is not 'shown' (per_layer() names them):
+    a_eff_fro [L], drift [L−1], delta_orth [L], delta_orth_trace [L] (δ_orth / √d), gram_rel [L], gram_diag_mean [L],
+    gram_offdiag_mean [L] (Ḡ), delta_orth_null [L] (closed form); with gram_edges, gram_edge_diag_mean and
+    gram_edge_offdiag_mean [L] and gram_edges (how many); sem: the standard error over sequences of the entries with
+    sem (a_eff_fro, drift, delta_orth, delta_orth_trace); tensors a_eff [L, T, T] (mean over sequences) and gram
+    [L, d, d] (Ḡ) for plots. The model is left in the mode it was in."""
     source = GPTWalk(model) if isinstance(model, GPT) else model
     was_training = source.module.training
     source.module.eval()
@@ -263,11 +363,14 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
     E = len(ei)
     if E == 0:
         raise ValueError(f"sequences of {T} token(s) have no edges once the sink / special tokens are removed")
-    per_sequence = dict(a_eff_fro=torch.zeros(N, L, dtype=f64), drift=torch.zeros(N, max(L - 1, 0), dtype=f64),
-                        delta_orth=torch.zeros(N, L, dtype=f64))
-    sums = {k: torch.zeros(L, dtype=f64) for k in ('delta_orth', 'gram_rel', 'delta_orth_null', 'count',
-                                                    'edge_diag', 'edge_off')}
-    sums.update(a_eff=torch.zeros(L, T, T, dtype=f64), C=torch.zeros(L, H, H, dtype=f64))
+    computed = [e for e in DIAGNOSTICS if e.per in ('sequence', 'edge')]
+    # per sequence and layer (NaN in a layer where a diagnostic has none); per edge, their sum and count per layer
+    per_sequence = {e.name: torch.full((N, L), float('nan'), dtype=f64) for e in computed}
+    defined = {e.name: torch.zeros(L, dtype=torch.bool) for e in computed}
+    sums = {e.name: torch.zeros(L, dtype=f64) for e in computed if e.per == 'edge'}
+    counts = {e.name: torch.zeros(L, dtype=f64) for e in computed if e.per == 'edge'}
+    sums.update(edge_diag=torch.zeros(L, dtype=f64), edge_off=torch.zeros(L, dtype=f64),
+                a_eff=torch.zeros(L, T, T, dtype=f64), C=torch.zeros(L, H, H, dtype=f64))
     picked = None  # the edges (flat index sequence·E + edge) whose G is built for the per-edge Gram reading
     if gram_edges:
         generator = torch.Generator().manual_seed(seed)  # its own generator: the caller's random stream is untouched
@@ -284,21 +387,25 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
             a_eff = A.mean(1)
             sums['a_eff'][l] += to_host(a_eff.sum(0))
             edges = a_eff[:, ei, ej]                            # [B, E]
-            per_sequence['a_eff_fro'][start:start + B, l] = to_host(edges.norm(dim=1))
-            if previous is not None:
-                cos = (previous * edges).sum(1) / (previous.norm(dim=1) * edges.norm(dim=1))
-                per_sequence['drift'][start:start + B, l - 1] = to_host(1 - cos)
-            previous = edges
             w = A[:, :, ei, ej].permute(0, 2, 1).reshape(-1, H)  # [B·E, H]
             total = w.abs().sum(1, keepdim=True)
             w = torch.where(total > 0, w / total, 0.0)            # an edge no head walks (δ = 0) has no transport
             sums['C'][l] += to_host(w.T @ w)
-            g = edge_geometry(w, m, d)
-            ok = ~g['delta'].isnan()
-            for key, value in (('delta_orth', 'delta'), ('gram_rel', 'rel'), ('delta_orth_null', 'null')):
-                sums[key][l] += to_host(torch.where(ok, g[value], 0).sum())
-            sums['count'][l] += to_host(ok.sum())
-            per_sequence['delta_orth'][start:start + B, l] = to_host(g['delta'].view(B, E).nanmean(1))
+            step = WalkStep(A, edges, previous, w, edge_geometry(w, m, d), d)
+            for e in computed:
+                value = e.value(step)
+                if value is None:
+                    continue
+                defined[e.name][l] = True
+                if e.per == 'edge':
+                    ok = ~value.isnan()
+                    sums[e.name][l] += to_host(torch.where(ok, value, 0).sum())
+                    counts[e.name][l] += to_host(ok.sum())
+                    if not e.sem:
+                        continue
+                    value = value.view(B, E).nanmean(1)  # each sequence's mean: its standard error's input
+                per_sequence[e.name][start:start + B, l] = to_host(value)
+            previous = edges
             if picked is not None:
                 here = picked[(picked >= start * E) & (picked < (start + B) * E)] - start * E
                 if len(here):
@@ -306,21 +413,26 @@ def connection_diagnostics(model, idx, drop_sink=False, full_operator=False, bat
                     sums['edge_diag'][l] += to_host(diag.sum())
                     sums['edge_off'][l] += to_host(off.sum())
     source.module.train(was_training)
-    count = sums['count']
-    out = dict(a_eff_fro=per_sequence['a_eff_fro'].mean(0).tolist(), drift=per_sequence['drift'].mean(0).tolist(),
-               delta_orth=(sums['delta_orth'] / count).tolist(),
-               delta_orth_trace=(sums['delta_orth'] / count / math.sqrt(d)).tolist(),
-               gram_rel=(sums['gram_rel'] / count).tolist())
-    out.update(edge_gram(layers, sums['C'] / (N * E), d))
-    out['delta_orth_null'] = (sums['delta_orth_null'] / count).tolist()
+    r, sem = {}, {}
+    for e in computed:
+        v = per_sequence[e.name][:, defined[e.name]]
+        r[e.name] = ((sums[e.name] / counts[e.name])[defined[e.name]] if e.per == 'edge' else v.mean(0)).tolist()
+        if e.sem:
+            sem[e.name] = (v.std(0) / math.sqrt(N) if N > 1 and v.shape[1] else
+                           torch.full(v.shape[1:], float('nan'))).tolist()
+    r['gram'] = mean_gram(layers, sums['C'] / (N * E), d)
+    for e in DIAGNOSTICS:
+        if e.per == 'walk':
+            r[e.name] = e.value(r, d)
+            if e.sem:
+                sem[e.name] = e.value(sem, d)
+    out = {name: r[name] for name in per_layer()}
     if picked is not None:
         out['gram_edge_diag_mean'] = (sums['edge_diag'] / len(picked)).tolist()
         out['gram_edge_offdiag_mean'] = (sums['edge_off'] / len(picked)).tolist()
         out['gram_edges'] = len(picked)
-    sem = {k: (v.std(0) / math.sqrt(N) if N > 1 and v.shape[1] else torch.full(v.shape[1:], float('nan'))).tolist()
-           for k, v in per_sequence.items()}
-    sem['delta_orth_trace'] = [s / math.sqrt(d) for s in sem['delta_orth']]
-    out['sem'] = sem
+    out['sem'] = {name: sem[name] for name in per_layer() if name in sem}
+    out['gram'] = r['gram'].float()
     out['a_eff'] = (sums['a_eff'] / N).float()
     return out
 
@@ -341,24 +453,20 @@ def walk_geometry(model, idx):
     geometry = {}
     for part in parts:
         result = connection_diagnostics(model, idx, full_operator=part == 'operator')
-        geometry[part] = {key: result[key] for key in PER_LAYER}
+        geometry[part] = {key: result[key] for key in per_layer()}
     return geometry
 
 
-def edge_gram(layers, C, d):
-    """Ḡ = mean over edges of G_ij = Σ_ab C_ab M_aᵀ M_b (C [L, H, H]: the edges' mean w wᵀ), and its mean |diagonal|
-    and |off-diagonal| entries: the "|mean G|" reading of Gram dominance."""
+def mean_gram(layers, C, d):
+    """Ḡ [L, d, d] in float64 (on the host) = mean over edges of G_ij = Σ_ab C_ab M_aᵀ M_b, C [L, H, H] the edges'
+    mean w wᵀ: the "|mean G|" reading of Gram dominance (gram_diag_mean, gram_offdiag_mean) reads its entries."""
     grams = []
     for m, C_l in zip(layers, C):
         H, _, d_h, _ = m['P'].shape
         Bm = (C_l.to(m['P'].device)[:, :, None, None] * m['P']).permute(0, 2, 1, 3).reshape(H * d_h, H * d_h)
         W_O = m['W_O'].reshape(H * d_h, d)
         grams.append(to_host(W_O.T @ Bm @ W_O))
-    gram = torch.stack(grams)
-    diag = gram.diagonal(dim1=1, dim2=2).abs()
-    return dict(gram_diag_mean=diag.mean(1).tolist(),
-                gram_offdiag_mean=((gram.abs().sum((1, 2)) - diag.sum(1)) / (d * d - d)).tolist(),
-                gram=gram.float())
+    return torch.stack(grams)
 
 
 def depth_regimes(values):

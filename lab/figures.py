@@ -11,21 +11,29 @@ import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 import torch  # noqa: E402
 
 from common import save_figure as save  # noqa: E402,F401 (the lab's tools save through it)
+from lab import connection  # noqa: E402
 
-# what plot_walk_evolution draws from the log's 'walk' entries (train.py's walk_interval): key, axis title
-WALK_PANELS = (('drift', 'drift to the next layer'), ('delta_orth', 'δ_orth'), ('a_eff_fro', '‖A_eff‖_F'),
-               ('gram_ratio', 'Ḡ diagonal / off-diagonal (mean abs)'))
+
+def walk_panels():
+    """(key, title) of what plot_walk_evolution draws from the log's 'walk' entries (train.py's walk_interval): the
+    registry's diagnostics with a panel (lab/connection.py's DIAGNOSTICS), in the order the study reports have them."""
+    return tuple((e.name, e.panel) for e in connection.in_order([e for e in connection.DIAGNOSTICS if e.panel],
+                                                                 connection.PANEL_ORDER))
+
+
+WALK_PANELS = walk_panels()  # as the registry stands at import (lab/study_figures.py's geometry rows)
 
 
 def walk_series(log, part, key):
-    """(tokens [E], values [E, layers]) of one logged walk diagnostic over the evaluations that have it;
-    gram_ratio is Ḡ's mean |diagonal| over its mean |off-diagonal|. None when the log has none."""
+    """(tokens [E], values [E, layers]) of one logged walk diagnostic over the evaluations that have it; a 'shown'
+    diagnostic of the registry (gram_ratio: Ḡ's mean |diagonal| over its mean |off-diagonal|) is computed from the
+    logged ones. None when the log has none."""
     entries = [e for e in log if part in e.get('walk', {})]
     if not entries:
         return None
-    if key == 'gram_ratio':
-        values = [[a / b for a, b in zip(e['walk'][part]['gram_diag_mean'], e['walk'][part]['gram_offdiag_mean'])]
-                  for e in entries]
+    entry = connection.diagnostic(key)
+    if entry is not None and entry.per == 'shown':
+        values = [entry.value(e['walk'][part]) for e in entries]
     else:
         values = [e['walk'][part][key] for e in entries]
     return torch.tensor([e['tokens'] for e in entries], dtype=torch.float64), torch.tensor(values, dtype=torch.float64)
@@ -36,16 +44,20 @@ def plot_walk_evolution(groups, path, title):
     per layer, the mean γ of the layer's heads in the last row; one colour per group, one thin line per log;
     the attention part solid, the full operator c_I·I + c_P·P dashed."""
     n_layer = len(next(iter(groups.values()))[0][-1]['gamma'])
-    rows = len(WALK_PANELS) + 1
+    panels = walk_panels()
+    rows = len(panels) + 1
+    between = set()  # the rows whose diagnostic is between adjacent layers (drift): the last layer has none
     fig, axes = plt.subplots(rows, n_layer, figsize=(3.1 * n_layer, 2.2 * rows), sharex=True, squeeze=False)
     for color, (label, logs) in enumerate(groups.items()):
         for k, log in enumerate(logs):
-            for row, (key, name) in enumerate(WALK_PANELS):
+            for row, (key, name) in enumerate(panels):
                 for part, style in (('attention', '-'), ('operator', '--')):
                     series = walk_series(log, part, key)
                     if series is None:
                         continue
                     tokens, values = series
+                    if values.shape[1] < n_layer:
+                        between.add(row)
                     for layer in range(values.shape[1]):
                         axes[row][layer].plot((tokens / 1e6).tolist(), values[:, layer].tolist(), style, lw=1,
                                               color=f'C{color}', alpha=0.8,
@@ -61,9 +73,10 @@ def plot_walk_evolution(groups, path, title):
         axes[0][layer].set_title(f'layer {layer}', fontsize=9)
         axes[-1][layer].set_xlabel('tokens seen (millions)')
         axes[-1][layer].axhline(0, color='black', lw=0.6)
-    axes[0][-1].text(0.5, 0.5, 'the last layer\nhas no next layer', ha='center', va='center', fontsize=8,
-                     transform=axes[0][-1].transAxes)
-    axes[0][-1].set_yticks([])
+    for row in between:
+        axes[row][-1].text(0.5, 0.5, 'the last layer\nhas no next layer', ha='center', va='center', fontsize=8,
+                           transform=axes[row][-1].transAxes)
+        axes[row][-1].set_yticks([])
     axes[0][0].legend(fontsize=6)
     fig.suptitle(f'{title}: connection-walk geometry during training (solid: attention part, dashed: full operator)',
                  fontsize=10)

@@ -22,7 +22,7 @@ from common import GPT2_NAMES, UserError, atomic_write, main_guard
 from model import GPT
 from sources import load_model, tokenizer_from_meta
 
-from lab import gguf_files, hf_sources, hf_walk, pretrained
+from lab import connection, gguf_files, hf_sources, hf_walk, pretrained
 from lab.connection import GPTWalk, TextCodec, connection_diagnostics, depth_regimes
 from lab.figures import plt, save
 
@@ -60,7 +60,7 @@ SAMPLINGS = {
              "'randomly sample 1,024 sequences, truncated to 64 tokens' (WikiText-2's rows are its lines)",
     'documents': "T-token chunks of the documents (articles), drawn at random (seeded); no chunk crosses a document "
                  "boundary: long contexts, where no line is long enough",
-    'chunks': "the first N consecutive T-token chunks of the whole text, no seed (this tool's old default)",
+    'chunks': "the first N consecutive T-token chunks of the whole text, no seed",
 }
 
 
@@ -159,15 +159,10 @@ def walk_model(walker, idx, sweep_idx, part, args, desc):
 # ---------------------------------------------------------------------------------------------- tables
 
 def ratios(numbers, d):
-    """Derived per-layer series: Gram dominance ratios (both readings), and the closed-form nulls on the paper's
-    scale and for the per-edge ratio."""
-    out = dict(gram_ratio=[a / b for a, b in zip(numbers['gram_diag_mean'], numbers['gram_offdiag_mean'])],
-               null_trace=[x / math.sqrt(d) for x in numbers['delta_orth_null']],
-               null_gram_ratio=[math.sqrt(math.pi * d / 2) / x for x in numbers['delta_orth_null']])
-    if 'gram_edge_diag_mean' in numbers:
-        out['gram_edge_ratio'] = [a / b for a, b in zip(numbers['gram_edge_diag_mean'],
-                                                          numbers['gram_edge_offdiag_mean'])]
-    return out
+    """Derived per-layer series: the registry's 'shown' diagnostics (the Gram dominance ratios, both readings), and
+    the closed-form nulls on the paper's scale and for the per-edge ratio."""
+    return dict(**connection.shown(numbers), null_trace=[x / math.sqrt(d) for x in numbers['delta_orth_null']],
+                null_gram_ratio=[math.sqrt(math.pi * d / 2) / x for x in numbers['delta_orth_null']])
 
 
 def labelled(saved):
@@ -223,20 +218,18 @@ def table_gram(saved):
 
 
 def table_layers(saved):
-    rows = ["| model | layer | drift to next | ‖A_eff‖_F | δ_orth/√d | δ_orth | δ_orth null | ‖G−μI‖/‖G‖ "
-            "| Ḡ ratio | per-edge ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+    """Every layer of every model (and part): a column per diagnostic of the registry that has one."""
+    columns = [e for e in connection.DIAGNOSTICS if e.column]
+    rows = ["| model | layer | " + ' | '.join(e.column[0] for e in columns) + ' |', '|---' * (2 + len(columns)) + '|']
     for label, d, n, twin in labelled(saved):
         for tag, r in ((label, n), (f"{label}, random init", twin)):
             if r is None:
                 continue
-            derived = ratios(r, d)
-            for l in range(len(r['delta_orth'])):
-                drift = fmt(r['drift'][l], '.4f') if l < len(r['drift']) else '–'
-                edge = fmt(derived['gram_edge_ratio'][l], '.1f') if 'gram_edge_ratio' in derived else '–'
-                rows.append(f"| {tag} | {l} | {drift} | {r['a_eff_fro'][l]:.3f} "
-                            f"| {fmt(r['delta_orth_trace'][l], '.4f')} | {fmt(r['delta_orth'][l])} "
-                            f"| {fmt(r['delta_orth_null'][l])} | {fmt(r['gram_rel'][l])} "
-                            f"| {fmt(derived['gram_ratio'][l], '.1f')} | {edge} |")
+            series = {**r, **ratios(r, d)}
+            for l in range(max(len(series[e.name]) for e in columns if e.name in series)):
+                cells = [fmt(series[e.name][l], e.column[1]) if l < len(series.get(e.name, ())) else '–'
+                         for e in columns]
+                rows.append(f"| {tag} | {l} | " + ' | '.join(cells) + ' |')
     return rows
 
 
@@ -314,29 +307,34 @@ def write_tables(saved, path):
 # ---------------------------------------------------------------------------------------------- plots
 
 def plot_walk_layers(saved, path):
-    """Per-layer curves of every model (and part): the model solid, its random-init twin dashed, the closed form
-    dotted."""
-    panels = [('drift', 'drift 1 − cos(A_eff^ℓ, A_eff^ℓ+1)'), ('a_eff_fro', '‖A_eff‖_F'),
-              ('delta_orth_trace', 'δ_orth/√d = ‖G − μI‖_F / tr G'),
-              ('gram_edge_ratio', 'Gram diag / off-diag, per edge'), ('gram_ratio', 'Gram diag / off-diag of Ḡ')]
-    nulls = dict(delta_orth_trace='null_trace', gram_edge_ratio='null_gram_ratio')
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.7))
+    """Per-layer curves of every model (and part), a panel per diagnostic of the registry that has one: the model
+    solid, its random-init twin dashed, the closed form dotted. A diagnostic between adjacent layers (drift) sits
+    between them."""
+    panels = [e for e in connection.DIAGNOSTICS if e.plot]
+    nulls = dict(delta_orth_trace='null_trace', gram_edge_ratio='null_gram_ratio')  # closed forms: dotted
+    between = set()  # the panels whose diagnostic is between adjacent layers
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.7), squeeze=False)
+    axes = axes[0]
     for k, (label, d, n, twin) in enumerate(labelled(saved)):
         color = f'C{k}'
         for numbers, style, tag in ((n, '-', label), (twin, '--', 'random init')):
             if numbers is None:
                 continue
             series = {**numbers, **ratios(numbers, d)}
-            for ax, (key, _) in zip(axes, panels):
-                if key in series:
-                    x = [l + 0.5 for l in range(len(series[key]))] if key == 'drift' else range(len(series[key]))
-                    ax.plot(list(x), series[key], style, color=color, marker='.', label=tag)
-                if key in nulls and numbers is n:
-                    ax.plot(range(len(series[nulls[key]])), series[nulls[key]], ':', color=color,
+            n_layer = max(len(numbers[key]) for key in connection.per_layer() if key in numbers)
+            for ax, e in zip(axes, panels):
+                if e.name in series:
+                    values = series[e.name]
+                    if len(values) < n_layer:
+                        between.add(e.name)
+                    x = [l + 0.5 for l in range(len(values))] if len(values) < n_layer else range(len(values))
+                    ax.plot(list(x), values, style, color=color, marker='.', label=tag)
+                if e.name in nulls and numbers is n:
+                    ax.plot(range(len(series[nulls[e.name]])), series[nulls[e.name]], ':', color=color,
                             label='closed form, random W_V, W_O')
-    for ax, (key, title) in zip(axes, panels):
-        ax.set_xlabel('layer (drift: between ℓ and ℓ+1)' if key == 'drift' else 'layer')
-        ax.set_title(title, fontsize=10)
+    for ax, e in zip(axes, panels):
+        ax.set_xlabel(f'layer ({e.name}: between ℓ and ℓ+1)' if e.name in between else 'layer')
+        ax.set_title(e.plot, fontsize=10)
     axes[0].legend(fontsize=7)
     fig.suptitle('Connection-walk diagnostics by layer (solid: model, dashed: random init, dotted: closed form)',
                  fontsize=11)

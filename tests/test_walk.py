@@ -484,6 +484,58 @@ def test_diagnostics_cli_on_a_corridor_run(trained_run, tmp_path):
     assert '| 1 | – |' in (tmp_path / 'diag' / 'diagnostics.md').read_text()  # the last layer has no drift
 
 
+def test_a_new_diagnostic_is_one_registry_entry(trained_run, tmp_path, monkeypatch, capsys):
+    """One entry added to connection.DIAGNOSTICS and no other edit: the walk computes it per layer with its standard
+    error, train.py's walk_geometry logs it after the lists logs already have, the per-layer table prints its column
+    and both figures draw its panel."""
+    import lab.figures
+    import lab.walk
+    from sources import load_model
+    title = 'mean weight on the first token'
+    sink = connection.Diagnostic('sink_weight', 'sequence', lambda step: step.A.mean(1)[:, :, 0].mean(1), sem=True,
+                                 column=('sink', '.3f'), plot=title, panel=title)
+    monkeypatch.setattr(connection, 'DIAGNOSTICS', connection.DIAGNOSTICS + (sink,))
+    titles = []  # every figure's axes titles and y labels, as each is saved
+
+    def spy(save):
+        return lambda fig, path, *a: (titles.append([t for ax in fig.axes for t in (ax.get_title(), ax.get_ylabel())]),
+                                      save(fig, path, *a))[1]
+    monkeypatch.setattr(lab.walk, 'save', spy(lab.walk.save))
+    monkeypatch.setattr(lab.figures, 'save', spy(lab.figures.save))
+
+    model = tiny_model(n_layer=3)
+    idx = torch.randint(0, 30, (4, 7), generator=torch.Generator().manual_seed(8))
+    out = connection_diagnostics(model, idx, batch_size=3)
+    by_hand = model.forward_with_probs(idx)[1]  # every layer's P: the sink weight is A_eff's first column, averaged
+    assert out['sink_weight'] == pytest.approx([p.mean(1)[:, :, 0].mean(1).mean().item() for p in by_hand], rel=1e-12)
+    assert len(out['sem']['sink_weight']) == 3
+    assert list(connection.walk_geometry(model, idx)['attention']) == [*connection.RESULT_ORDER, 'sink_weight']
+
+    (tmp_path / 'text.txt').write_text(synthetic_text(300, seed=9))
+    lab.walk.main([str(trained_run), '--text', str(tmp_path / 'text.txt'), '--n_seqs', '4', '--seq_len', '16',
+                   '--no-null_model', '--gram_edges', '0', '--out', str(tmp_path / 'diag')])
+    saved = json.loads((tmp_path / 'diag' / 'diagnostics.json').read_text())[trained_run.name]
+    printed = capsys.readouterr().out
+    assert '| per-edge ratio | sink |' in printed and '|---' * 11 + '|\n' in printed  # 11 columns
+    for part in ('attention', 'operator'):
+        values = saved[part]['sink_weight']
+        label = f"{trained_run.name} ({'attention part' if part == 'attention' else 'full operator'})"
+        for layer, value in enumerate(values):
+            assert f"| {label} | {layer} | " in printed and printed.split(f"| {label} | {layer} | ")[1].split('\n')[0] \
+                .endswith(f" | {value:.3f} |")
+    assert any(title in t for t in titles)  # walk_layers.png
+
+    trained, _ = load_model(str(trained_run))
+    log = [json.loads(line) for line in (trained_run / 'log.jsonl').read_text().splitlines()]
+    for entry in log:
+        if 'walk' in entry:
+            entry['walk'] = connection.walk_geometry(trained, idx % trained.config.vocab_size)
+    assert lab.figures.walk_panels()[-1] == ('sink_weight', title)
+    titles.clear()
+    lab.figures.plot_walk_evolution({'run': [log]}, str(tmp_path / 'evolution.png'), 'tiny')
+    assert title in titles[0]  # a row of the walk during training
+
+
 @needs_tokenizer
 def test_diagnostics_cli_on_an_imported_gpt2(tmp_path):
     transformers = pytest.importorskip('transformers')
