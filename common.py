@@ -5,13 +5,16 @@ into a GPTConfig), GPT-2's tokenizer, files written whole or not at all, dtypes,
 
 import ast
 import difflib
+import math
 import os
+import re
 import sys
+import textwrap
 from contextlib import contextmanager, suppress
 
 import torch
 
-from model import OPERATOR_DEFAULTS, OPERATORS, GPTConfig
+from model import OPERATOR_DEFAULTS, OPERATOR_KEYS, OPERATORS, GPTConfig
 
 
 REPO = os.path.dirname(os.path.abspath(__file__))  # the checkout: configs/, train.py, prepare.py sit here
@@ -54,9 +57,9 @@ def parse_config(defaults, argv, optional=(), hints=None):
         config[key] = _checked(key, value, defaults[key], optional)
 
     for arg in argv:
-        if arg in ('-h', '--help'):  # the script's own docstring, then every key with its default
-            print((sys.modules['__main__'].__doc__ or '').strip() + '\n\nkeys (config files or --key=value), with '
-                  'their defaults:\n' + '\n'.join(f'  {key}={value!r}' for key, value in defaults.items()))
+        if arg in ('-h', '--help'):  # the script's own docstring, then every key: its default and meaning
+            main = sys.modules['__main__']
+            print((main.__doc__ or '').strip() + '\n\n' + key_help(defaults, getattr(main, '__file__', None)))
             sys.exit(0)
         if arg.startswith('--'):
             key, eq, text = arg[2:].partition('=')
@@ -84,6 +87,47 @@ def parse_config(defaults, argv, optional=(), hints=None):
     return config
 
 
+def key_meanings(path, start):
+    """{key: (heading, meaning)} from the block of `key=value,  # meaning` lines that follows the line matching
+    `start` in a source file: a comment on the keys' own indentation heads the keys below it, a deeper one continues
+    the meaning above it. The comments beside the defaults are the documentation --help prints."""
+    with open(path, encoding='utf-8') as f:
+        lines = f.read().splitlines()
+    begin = next((n for n, line in enumerate(lines) if re.match(start, line)), len(lines)) + 1
+    found, heading, key, indent = {}, None, None, None
+    for line in lines[begin:]:
+        if line.strip() and not line[0].isspace():
+            break  # the block's end: its closing bracket, or the next top-level statement
+        entry = re.match(r'^(\s+)(\w+)\s*(?::[^=#]*)?=(?!=)[^#]*(?:#\s*(.*))?$', line)
+        comment = re.match(r'^(\s+)#\s*(.*)$', line)
+        if re.match(r'^\s+\*\*\w+', line):  # **OTHER_DEFAULTS: its keys are under the heading above it
+            found['**'], key = (heading, ''), None
+        elif entry and indent in (None, len(entry[1])):
+            indent, key = len(entry[1]), entry[2]
+            found[key] = (heading, entry[3] or '')
+        elif comment and indent is not None and len(comment[1]) == indent or comment and indent is None:
+            heading, key = comment[2], None
+        elif comment and key:
+            found[key] = (found[key][0], f"{found[key][1]} {comment[2]}".strip())
+    return found
+
+
+def key_help(defaults, script):
+    """--help's list of keys: grouped as the script's defaults are, each with its default and meaning (the script's
+    DEFAULTS comments; the model's keys from GPTConfig's in model.py)."""
+    meanings = key_meanings(script, r'^DEFAULTS = dict\(') if script else {}
+    model_meanings = key_meanings(os.path.join(REPO, 'model.py'), r'^class GPTConfig')
+    lines, heading = ["keys (config files' `key = value` lines, then --key=value), each with its default:"], None
+    for key, value in defaults.items():
+        group, meaning = meanings.get(key, (meanings.get('**', (heading,))[0], model_meanings.get(key, (None, ''))[1]))
+        if group != heading and group:
+            lines.append(f"\n{group}")
+        heading = group or heading
+        lines.append(textwrap.fill(meaning, 118, initial_indent=f"  {f'{key}={value!r}':<30} ",
+                                   subsequent_indent=' ' * 33) if meaning else f"  {key}={value!r}")
+    return '\n'.join(lines)
+
+
 def saved_config(defaults, saved, where):
     """(config, ignored keys): a config an earlier run saved (a checkpoint's) over defaults, each value checked as
     parse_config checks one; its keys defaults lack (another version's) left out, not carried into a new config.json."""
@@ -96,30 +140,32 @@ def saved_config(defaults, saved, where):
     return config, ignored
 
 
-def model_config(config):
-    """The GPTConfig of a run config's keys; one no model can have is a UserError now, not mid-run."""
+def model_config(config, saved=False):
+    """The GPTConfig of a run config's keys; one no model can have is a UserError now, not mid-run. A key the chosen
+    form does not read (its OPERATORS entry's keys), set away from its default, is one too, unless saved: a checkpoint
+    written before that check existed is read as it trained."""
     c = GPTConfig(**{k: v for k, v in config.items() if k in GPTConfig.__dataclass_fields__})
-    learnable = [name for name, form in OPERATORS.items() if form.learnable]
-    changed = [key for key in ('gamma_init', 'delta_init', 'init_spread', 'learn_gamma', 'learn_delta', 'gamma_nonneg')
-               if getattr(c, key) != OPERATOR_DEFAULTS[key]]
     for key in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd'):
         if getattr(c, key) <= 0:
             raise UserError(f"{key} must be positive, got {getattr(c, key)}")
+    if c.operator not in OPERATORS:
+        raise UserError(f"unknown operator {c.operator!r} (choose from {', '.join(OPERATORS)})")
+    form = OPERATORS[c.operator]
+    ignored = [k for k in OPERATOR_KEYS[1:] if k not in form.keys and getattr(c, k) != OPERATOR_DEFAULTS[k]]
+    # the scalars are float32: a value past its range is inf there, and so is every loss after it
+    non_finite = [k for k, v in vars(c).items() if isinstance(v, float) and not abs(v) <= torch.finfo().max]
     for wrong, message in (
+            (non_finite, f"{', '.join(non_finite)} must be finite in float32, got "
+                         f"{', '.join(repr(getattr(c, k)) for k in non_finite)}"),
             (c.n_embd % c.n_head, f"n_embd={c.n_embd} must be divisible by n_head={c.n_head}"),
             (not 0 <= c.dropout < 1, f"dropout must be in [0, 1), got {c.dropout}"),
-            (c.operator not in OPERATORS, f"unknown operator {c.operator!r} (choose from {', '.join(OPERATORS)})"),
+            (ignored and not saved, f"operator={c.operator!r} does not read {', '.join(ignored)} (it reads "
+             f"{', '.join(form.keys) or 'no other key'}); " + '; '.join(
+                 f"{k} is read by {', '.join(n for n, f in OPERATORS.items() if k in f.keys)}" for k in ignored)),
             (c.init_spread < 0, f"init_spread must be >= 0, got {c.init_spread}"),
             (c.operator_lr_mult < 0, f"operator_lr_mult must be >= 0, got {c.operator_lr_mult}"),
             (c.operator == 'laplacian' and not 1 <= c.laplacian_heads <= c.n_head,
              f"laplacian_heads must be in [1, n_head={c.n_head}], got {c.laplacian_heads}"),
-            (c.operator not in learnable and changed, f"{', '.join(changed)} only apply to a learnable operator "
-                                                      f"({', '.join(learnable)}), not operator={c.operator!r}"),
-            (c.operator != 'corridor' and not (c.learn_gamma and c.learn_delta),
-             f"learn_gamma/learn_delta=False fix the corridor's γ/δ: use operator='corridor' (operator="
-             f"{c.operator!r} has no γ/δ of its own)"),
-            (c.operator != 'corridor' and c.gamma_nonneg,
-             "gamma_nonneg constrains the corridor's γ: use operator='corridor'"),
             (c.gamma_nonneg and c.gamma_init - c.init_spread < 0,
              f"gamma_nonneg needs gamma_init - init_spread >= 0, got {c.gamma_init} - {c.init_spread}")):
         if wrong:
@@ -220,8 +266,57 @@ def save_checkpoint(obj, path):
         torch.save(obj, f)
 
 
+# ------------------------------------------------------------------------------------------------- the device
+# Every choice that depends on the device ('cpu', 'cuda', 'cuda:N', 'mps'), one function each: the dtype here, the
+# availability check, timing's synchronisation and the device's own RNG below; pinned memory (sources.Data.batch)
+# and the fused optimizer (model.configure_optimizers) are CUDA's alone.
+
+def check_device(device):
+    """One line when the device is not available here."""
+    kind = device.split(':')[0]
+    if kind == 'cuda' and not torch.cuda.is_available():
+        raise UserError(f"device={device!r} but CUDA is not available here (use --device=cpu)")
+    if kind == 'mps' and not torch.backends.mps.is_available():
+        raise UserError(f"device={device!r} but MPS is not available here (it needs Apple silicon and a PyTorch "
+                        f"built with MPS): use --device=cpu")
+
+
+def synchronize(device):
+    """Wait for the device's queued work (timing): CUDA and MPS run ahead of the host, the CPU does not."""
+    kind = device.split(':')[0]
+    if kind == 'cuda':
+        torch.cuda.synchronize(device)
+    elif kind == 'mps':
+        torch.mps.synchronize()
+
+
+def device_rng_state(device):
+    """The device's own generator state (its dropout masks), or None on the CPU (torch.get_rng_state holds that)."""
+    kind = device.split(':')[0]
+    return torch.cuda.get_rng_state(device) if kind == 'cuda' else torch.mps.get_rng_state() if kind == 'mps' else None
+
+
+def set_device_rng_state(device, state):
+    kind = device.split(':')[0]
+    if state is not None and kind == 'cuda':
+        torch.cuda.set_rng_state(state, device)
+    elif state is not None and kind == 'mps':
+        torch.mps.set_rng_state(state)
+
+
+@contextmanager
+def rng_untouched(device):
+    """The host's and the device's generators as they were before the block, whatever it drew."""
+    host, own = torch.get_rng_state(), device_rng_state(device)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(host)
+        set_device_rng_state(device, own)
+
+
 def resolve_dtype(dtype, device):
-    """'auto': bf16 where the GPU has it natively (capability ≥ 8), else float16 (a grad scaler); CPU float32."""
+    """'auto': bf16 where the GPU has it natively (capability ≥ 8), else float16 (a grad scaler); CPU, MPS float32."""
     if dtype != 'auto' or not device.startswith('cuda'):
         return 'float32' if dtype == 'auto' else dtype
     return 'bfloat16' if torch.cuda.get_device_capability(torch.device(device))[0] >= 8 else 'float16'
@@ -246,8 +341,7 @@ def sdpa_backend(name, model, block_size, device, dtype, autocast):
     backend = {'flash': SDPBackend.FLASH_ATTENTION, 'efficient': SDPBackend.EFFICIENT_ATTENTION,
                'cudnn': SDPBackend.CUDNN_ATTENTION, 'math': SDPBackend.MATH}[name]
     try:
-        with sdpa_kernel(backend), warnings.catch_warnings(), autocast, \
-                torch.random.fork_rng(devices=[torch.device(device)] if device.startswith('cuda') else []):
+        with sdpa_kernel(backend), warnings.catch_warnings(), autocast, rng_untouched(device):
             warnings.simplefilter('ignore')  # PyTorch warns once per reason a kernel was refused; the error says it
             idx = torch.zeros(1, min(16, block_size), dtype=torch.long, device=device)
             model(idx, idx)[1].backward()

@@ -11,7 +11,7 @@ pretrained model's attention applies it too (lab/pretrained.py): edit it, and wh
 """
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import torch
@@ -21,6 +21,8 @@ from torch.nn import functional as F
 
 @dataclass
 class GPTConfig:
+    """The model's keys. A key added here needs a default that gives the behaviour models had before it existed: a
+    checkpoint saved without the key is read with that default (sources.py says so in one line)."""
     block_size: int = 1024
     vocab_size: int = 50257     # the tokenizer's; the embedding is padded to a multiple of 64 (faster matmuls)
     n_layer: int = 12
@@ -28,15 +30,15 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True           # biases in Linears and LayerNorms, as GPT-2
-    operator: str = 'attention'  # the attention operator, a key of OPERATORS below; the keys after it are its own
-    laplacian_heads: int = 1    # operator='laplacian': the last this-many heads of every layer use I − P
-    gamma_init: float = 0.0     # (γ0, δ0) for every learnable form, converted to the form's own scalars
-    delta_init: float = 1.0
+    operator: str = 'attention'  # the attention operator, a key of OPERATORS; which keys below it reads: its entry
+    laplacian_heads: int = 1    # laplacian: the last this-many heads of every layer use I − P
+    gamma_init: float = 0.0     # γ0 of every head, converted to the form's own scalars (0: start as attention)
+    delta_init: float = 1.0     # δ0 of every head
     init_spread: float = 0.0    # γ0 of each head drawn uniformly from gamma_init ± init_spread
-    learn_gamma: bool = True    # False: γ is a fixed buffer (corridor only)
-    learn_delta: bool = True    # False: δ is a fixed buffer (corridor only)
-    gamma_nonneg: bool = False  # corridor only: γ ≥ 0 always (see NonNegative)
-    operator_lr_mult: float = 1.0  # learning-rate multiplier for the operator scalars
+    learn_gamma: bool = True    # corridor: False makes γ a fixed buffer
+    learn_delta: bool = True    # corridor: False makes δ a fixed buffer
+    gamma_nonneg: bool = False  # corridor: γ ≥ 0 always (claim (c); see NonNegative)
+    operator_lr_mult: float = 1.0  # learning-rate multiplier of the operator's scalars (a training setting)
 
     @property
     def padded_vocab_size(self):
@@ -54,8 +56,9 @@ class GPTConfig:
 #   alpha_beta  α, β               (δ0(1+γ0), δ0γ0)         β       α − β    β/(α − β)      α − β
 #
 # Every learnable form starts from (γ0, δ0) = (gamma_init, delta_init): by default, as attention. A sixth form is one
-# more entry. Which scalars learn, and γ ≥ 0, are properties of the parameters, never branches in forward().
-# What the table can hold: two scalars per head that give (c_I, c_P), so a head's output is its own V and P·V mixed.
+# more entry; one with a scalar of its own (a gate) is that entry, naming its key, plus the key's GPTConfig field.
+# Which scalars learn, and γ ≥ 0, are properties of the parameters, never branches in forward().
+# What the table can hold: scalars per head that give (c_I, c_P), so that a head's output is its own V and P·V mixed.
 # The KV cache, the walk and the logs rely on that; a form with another term (c_2·P²V, a mix across heads) is not
 # an entry but an edit of apply_operator and of what feeds it (tests/test_model.py's cache check runs on every form).
 
@@ -64,6 +67,10 @@ class OperatorForm(NamedTuple):
     learnable: bool         # False: the scalars are fixed buffers, whatever learn_gamma / learn_delta say
     init: Callable          # (gamma0 [n_head], delta0 [n_head], config) -> one [n_head] tensor per scalar
     coefficients: Callable  # (*scalars) -> (c_I, c_P)
+    keys: tuple = ()        # the GPTConfig keys it reads besides `operator`; another one set is an error
+
+
+START = ('gamma_init', 'delta_init', 'init_spread', 'operator_lr_mult')  # what every learnable form reads
 
 
 def laplacian_init(gamma0, delta0, config):
@@ -73,16 +80,22 @@ def laplacian_init(gamma0, delta0, config):
 
 
 OPERATORS = {
-    'attention':  OperatorForm((), learnable=False, init=lambda g0, d0, config: (), coefficients=lambda: (0.0, 1.0)),
+    'attention':  OperatorForm((), learnable=False, init=lambda g0, d0, config: (),
+                               coefficients=lambda: (0.0, 1.0)),
     'laplacian':  OperatorForm(('gamma', 'delta'), learnable=False, init=laplacian_init,
-                               coefficients=lambda gamma, delta: (delta * gamma, delta)),
+                               coefficients=lambda gamma, delta: (delta * gamma, delta), keys=('laplacian_heads',)),
     'corridor':   OperatorForm(('gamma', 'delta'), learnable=True, init=lambda g0, d0, config: (g0, d0),
-                               coefficients=lambda gamma, delta: (delta * gamma, delta)),
+                               coefficients=lambda gamma, delta: (delta * gamma, delta),
+                               keys=START + ('learn_gamma', 'learn_delta', 'gamma_nonneg')),
     'alpha':      OperatorForm(('alpha0', 'alpha1'), learnable=True, init=lambda g0, d0, config: (d0 * g0, d0),
-                               coefficients=lambda alpha0, alpha1: (alpha0, alpha1)),
-    'alpha_beta': OperatorForm(('alpha', 'beta'), learnable=True, init=lambda g0, d0, config: (d0 * (1 + g0), d0 * g0),
-                               coefficients=lambda alpha, beta: (beta, alpha - beta)),
+                               coefficients=lambda alpha0, alpha1: (alpha0, alpha1), keys=START),
+    'alpha_beta': OperatorForm(('alpha', 'beta'), learnable=True,
+                               init=lambda g0, d0, config: (d0 * (1 + g0), d0 * g0),
+                               coefficients=lambda alpha, beta: (beta, alpha - beta), keys=START),
 }
+# the operator's keys, from the table: what train.py takes over (with their defaults) and a resume keeps fixed
+OPERATOR_KEYS = ('operator', *dict.fromkeys(key for form in OPERATORS.values() for key in form.keys))
+OPERATOR_DEFAULTS = {key: GPTConfig.__dataclass_fields__[key].default for key in OPERATOR_KEYS}
 
 
 def apply_operator(c_I, c_P, v, pv):
@@ -260,12 +273,10 @@ class GPT(nn.Module):
     def _logits(self, x):  # the padded vocabulary's rows are no tokens: no probability, no gradient reaches them
         return self.lm_head(x)[..., :self.config.vocab_size]
 
-    def forward(self, idx, targets=None):
-        """idx [B, T] -> (logits [B, T, vocab_size], mean cross-entropy or None). Targets of -1 are ignored."""
+    def forward(self, idx, targets=None, **loss_options):
+        """idx [B, T] -> (logits [B, T, vocab_size], lm_loss or None); loss_options: the training step's."""
         logits = self._logits(self._trunk(idx)[0])
-        loss = None if targets is None else \
-            F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return logits, None if targets is None else lm_loss(logits, targets, **loss_options)
 
     def forward_with_probs(self, idx):
         """The math path: (logits, [P of every layer, each [B, n_head, T, T]])."""
@@ -313,6 +324,15 @@ class GPT(nn.Module):
         return idx
 
 
+def lm_loss(logits, targets, **options):
+    """The loss every model here trains on and reports (our GPT, a pretrained one): mean next-token cross-entropy over
+    targets ≠ -1, in at least float32. options (label_smoothing, or whatever you add here) are the training step's
+    (train.py's label_smoothing); evaluation passes none, so the reported loss stays plain cross-entropy."""
+    logits = logits.flatten(0, -2)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits, targets.flatten(), ignore_index=-1, **options)
+
+
 class KVCache:
     """Keys and values of every layer for the positions generated so far."""
 
@@ -344,11 +364,6 @@ def next_token(logits, temperature, top_k, generator):
 
 
 # ---------------------------------------------------------------------------------------------- what the scripts read
-
-# the operator's keys and defaults, GPTConfig's fields from `operator` on: train.py takes them from here
-_fields = fields(GPTConfig)
-OPERATOR_DEFAULTS = {f.name: f.default for f in _fields[[f.name for f in _fields].index('operator'):]}
-OPERATOR_KEYS = tuple(OPERATOR_DEFAULTS)
 
 
 def gamma_delta(coefficients):  # (γ, δ) = (c_I / c_P, c_P) from a [..., 2] tensor of (c_I, c_P)

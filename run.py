@@ -19,7 +19,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from common import UserError, WriteFailed, atomic_write, describe_os_error
+from common import (UserError, WriteFailed, atomic_write, check_device, describe_os_error, device_rng_state,
+                    set_device_rng_state, synchronize)
 from model import OPERATOR_KEYS, in_corridor
 from sources import load_checkpoint, read_log
 
@@ -33,9 +34,10 @@ def processes(cfg):
     """(ddp, rank, world, device) of this process, torchrun's DDP group joined and, at the end, left by all together.
     A failed write (the atomic writes left the old files whole) or a lost process ends the run in one line."""
     device, cuda = cfg.device, cfg.device.startswith('cuda')
-    if cuda and not torch.cuda.is_available():
-        raise UserError(f"device={device!r} but CUDA is not available here (use --device=cpu)")
+    check_device(device)
     ddp, rank, world = int(os.environ.get('RANK', -1)) != -1, 0, 1  # RANK: launched by torchrun
+    if ddp and device == 'mps':
+        raise UserError("torchrun on device='mps': PyTorch has no process-group backend for MPS; run one process")
     if ddp:
         if cuda:  # one GPU per process, chosen before the process group binds to it
             device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
@@ -75,19 +77,35 @@ def lost_a_process(e):
         'by peer', 'Broken pipe', 'remote worker', 'Socket Timeout', 'Connection refused'))
 
 
+def saved_checkpoint(out_dir):
+    """(the run folder's ckpt.pt as an 'info' dict, or None, and a phrase naming it with its iteration, or saying why
+    there is none): what a message about the last good state may promise."""
+    path = os.path.join(out_dir, 'ckpt.pt')
+    if not os.path.isfile(path):
+        return None, f"no checkpoint was saved ({path} is written at the first evaluation after iteration 0)"
+    try:  # memory-mapped: its weights are not read
+        ckpt = load_checkpoint(path, mmap=True, purpose='info')
+    except UserError as e:
+        return None, f"no checkpoint can be read ({e})"
+    return ckpt, f"{path} from iter {ckpt['iter_num']}"
+
+
+def last_good_state(out_dir):
+    ckpt, named = saved_checkpoint(out_dir)
+    return f"{named} holds the last good state" if ckpt else named
+
+
 def resume_advice(cfg, world):
     """What survives in the run folder and the command that continues it, with the settings changed since it saved."""
-    ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
-    try:  # memory-mapped: its weights are not read
-        ckpt = load_checkpoint(ckpt_path, mmap=True, purpose='info')
-    except UserError:
-        return "no checkpoint was saved yet: start the run again"
-    iter_num, saved = ckpt['iter_num'], ckpt['config']
+    ckpt, named = saved_checkpoint(cfg.out_dir)
+    if ckpt is None:
+        return f"{named}: start the run again"
+    saved = ckpt['config']
     script = sys.argv[0] if sys.argv[0].endswith('train.py') else 'train.py'
     launch = f"torchrun --standalone --nproc_per_node={world} {script}" if world > 1 else f"python {script}"
     changed = [shlex.quote(f"--{key}={config_text(value)}") for key, value in vars(cfg).items()
                if key not in ('init_from', 'out_dir', 'overwrite') and saved.get(key, value) != value]
-    return f"{ckpt_path} from iter {iter_num} is intact: continue with `{launch} " + \
+    return f"{named} is intact: continue with `{launch} " + \
         ' '.join(['--init_from=resume', f"--out_dir={shlex.quote(cfg.out_dir)}", *changed]) + '`'
 
 
@@ -179,8 +197,9 @@ def checkpoint_state(model, optimizer, scaler, cfg, meta, progress, data_rng, de
                 source=model.source,
                 meta={k: meta[k] for k in ('tokenizer', 'vocab_size', 'itos', 'tokenizer_source',
                                            'tokenizer_fingerprint') if k in meta},
-                rng=dict(torch=torch.get_rng_state(), data=data_rng.get_state(),
-                         cuda=torch.cuda.get_rng_state(device) if device.startswith('cuda') else None))
+                rng=dict(torch=torch.get_rng_state(), data=data_rng.get_state(),  # the device's: by its kind
+                         **{kind: device_rng_state(device) if device.startswith(kind) else None
+                            for kind in ('cuda', 'mps')}))
 
 
 def saved_weights(model, train_only):
@@ -203,8 +222,7 @@ def restore_state(ckpt, optimizer, scaler, data_rng, cfg, device, rank):
     progress = {k: ckpt[k] for k in ('iter_num', 'tokens_seen', 'best_val_loss')}
     progress['seconds'] = ckpt.get('seconds', 0.0)
     torch.set_rng_state(ckpt['rng']['torch'])
-    if device.startswith('cuda') and ckpt['rng']['cuda'] is not None:
-        torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
+    set_device_rng_state(device, ckpt['rng'].get(device.split(':')[0]))  # a CPU run's: none
     if rank > 0:  # only rank 0's RNG state is saved; the others reseed so their dropout masks stay distinct
         torch.manual_seed(cfg.seed + rank + 7919 * progress['iter_num'])  # (a DDP resume with dropout: not exact)
     data_rng.set_state(ckpt['rng']['data'])
@@ -267,9 +285,8 @@ class LogWindow:
     def step_done(self, iter_num):
         """Count a finished step; the wall seconds since the previous one ended (evaluations included)."""
         self.iters += 1
-        if self.since is None:  # the first step of the sitting compiles: the clocks start after it
-            if self.device.startswith('cuda'):
-                torch.cuda.synchronize(self.device)
+        if self.since is None:  # this process's first step compiles: the clocks start after it
+            synchronize(self.device)
             self.t0 = time.time()
             self.timed, self.since = 0, (self.t0, iter_num)
         else:
@@ -286,7 +303,7 @@ class LogWindow:
         return shared[0].item() / self.world / self.iters, shared[1].item() > 0
 
     def speed(self, iter_num):
-        """', N tok/s, mfu M%, T ms/iter, ETA E' ('' before a timed step): MFU per device, ETA at this sitting's pace."""
+        """', N tok/s, mfu M%, T ms/iter, ETA E' ('' before a timed step): MFU per device, ETA at this process's pace."""
         if not self.timed:
             return ''
         now = time.time()
@@ -313,9 +330,10 @@ def finish(cfg, rank, world, stopped, save, wandb, progress, resumed, started):
         save(os.path.join(cfg.out_dir, 'ckpt.pt'))
         tqdm.write(f"stopped at iter {progress['iter_num']}; {resume_advice(cfg, world)}")  # torchrun's under DDP
     elif rank == 0:
+        ckpt, named = saved_checkpoint(cfg.out_dir)
         print(f"done: {progress['iter_num']} iterations in {duration(time.time() - started)}, best val loss "
-              f"{progress['best_val_loss']:.4f}; {os.path.join(cfg.out_dir, 'ckpt.pt')}, log "
-              f"{os.path.join(cfg.out_dir, 'log.jsonl')}. Next:\n" + '\n'.join(next_commands(cfg, resumed)))
+              f"{progress['best_val_loss']:.4f}; {named}, log {os.path.join(cfg.out_dir, 'log.jsonl')}"
+              + ('. Next:\n' + '\n'.join(next_commands(cfg, resumed)) if ckpt else ''))
     # 128 + the signal's number, as a shell reports a process a signal ended (another DDP process may have seen it)
     return 128 + (stopped.signum or signal.SIGTERM) if stopped else 0
 

@@ -14,21 +14,21 @@ from contextlib import nullcontext
 
 import torch
 
-from common import UserError, main_guard, parse_config, resolve_dtype
+from common import UserError, check_device, main_guard, parse_config, resolve_dtype
 from sources import load_model, tokenizer_from_meta
 
 DEFAULTS = dict(
     init_from='resume',   # 'resume': out_dir/ckpt.pt; or a GPT-2 name ('gpt2', 'gpt2-medium', ...) or local folder
-    out_dir='out',
+    out_dir='out',        # the run folder whose ckpt.pt samples (init_from='resume')
     start='\n',           # the prompt, or FILE:path to read it from a file
-    num_samples=10,
-    max_new_tokens=500,
+    num_samples=10,       # samples to print, each after the prompt
+    max_new_tokens=500,   # tokens generated per sample
     temperature=0.8,      # 1.0: the model's distribution; lower is more conservative; 0: greedy
     top_k=200,            # sample among the k likeliest tokens only (None: all)
-    seed=1337,
+    seed=1337,            # the sampling generator's seed
     use_cache=True,       # KV cache: the same tokens as recomputing every position, faster
-    device='cuda' if torch.cuda.is_available() else 'cpu',
-    dtype='auto',         # 'auto': bfloat16 on GPUs that compute it natively, float16 on older ones, float32 on CPU
+    device='cuda' if torch.cuda.is_available() else 'cpu',  # 'cpu', 'cuda', 'cuda:N' or 'mps' (Apple silicon)
+    dtype='auto',         # 'auto': bfloat16 on GPUs that compute it natively, float16 on older ones; float32 on CPU, MPS
 )
 
 
@@ -59,8 +59,7 @@ def main(argv):
     if not start_ids:
         raise UserError("the prompt is empty: give at least one token with --start")
     device, device_type = cfg['device'], cfg['device'].split(':')[0]
-    if device_type == 'cuda' and not torch.cuda.is_available():
-        raise UserError(f"device={device!r} but CUDA is not available here (use --device=cpu)")
+    check_device(device)
     dtype = resolve_dtype(cfg['dtype'], device)
     autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
     model.eval().to(device)

@@ -7,6 +7,7 @@ imports common.py and model.py, never this file); and the tokenizer that goes wi
 import json
 import os
 import pickle
+import sys
 import zipfile
 import zlib
 
@@ -105,9 +106,9 @@ class Data:
         data = np.memmap(os.path.join(self.dir, f'{split}.bin'), dtype=self.dtype, mode='r')
         x = torch.stack([torch.from_numpy(data[i:i + self.block_size].astype(np.int64)) for i in offsets])
         y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + self.block_size].astype(np.int64)) for i in offsets])
-        if self.device.startswith('cuda'):
+        if self.device.startswith('cuda'):  # pinned: the copy overlaps the step (MPS shares the host's memory)
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
-        return x, y
+        return x.to(self.device), y.to(self.device)
 
 
 def tokenizer_from_meta(meta):
@@ -241,7 +242,7 @@ def check_read_keys(ckpt, path, purpose, saved_crcs=None):
         raise ValueError(f"iter_num is {ckpt['iter_num']}")
     if ckpt.get('weights', 'all') not in ('all', 'operator'):
         raise ValueError(f"weights is {ckpt['weights']!r}, not 'all' or 'operator'")
-    args = check_model_args(ckpt['model_args'])
+    args = check_model_args(ckpt['model_args'], path)
     try:
         check_meta(ckpt['meta'])
     except ValueError as e:
@@ -263,20 +264,29 @@ def type_name(kind):
     return ' or '.join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
 
 
-def check_model_args(args):
-    """model_args as GPTConfig's fields, each of its default's type (a float may be an int), values a model can have."""
+NOTED = set()
+
+
+def check_model_args(args, path):
+    """model_args as GPTConfig's fields, each of its default's type (a float may be an int), values a model can have.
+    A field the checkpoint lacks (added to GPTConfig after it was saved) takes its default, which by GPTConfig's rule
+    is the behaviour the run had, and one line says so; a field GPTConfig lacks (a newer version's) is refused."""
     fields = GPTConfig.__dataclass_fields__
     unknown, missing = sorted(set(args) - set(fields)), [key for key in fields if key not in args]
-    if unknown or missing:
-        raise ValueError("model_args " + '; '.join(part for part in (
-            unknown and f"has unknown keys {', '.join(map(repr, unknown))}",
-            missing and f"lacks {', '.join(map(repr, missing))}") if part) + " (written by another version?)")
+    if unknown:
+        raise ValueError(f"model_args has unknown keys {', '.join(map(repr, unknown))} (written by a newer version?)")
+    if missing:
+        args.update({key: fields[key].default for key in missing})
+        note = f"{path} predates model_args " + ', '.join(f"{k} (read as its default {args[k]!r})" for k in missing)
+        if note not in NOTED:  # once a process, however often the file is read
+            NOTED.add(note)
+            print(note, file=sys.stderr)
     for key, field in fields.items():
         value, default = args[key], field.default
         if not (type(value) is type(default) or type(default) is float and type(value) is int):
             raise ValueError(f"model_args {key} must be {type(default).__name__}, got {value!r}")
     try:
-        model_config(args)
+        model_config(args, saved=True)
     except UserError as e:
         raise ValueError(f"model_args: {e}") from None
     return args
@@ -321,8 +331,9 @@ def check_resume_keys(ckpt, saved_crcs=None, changed=()):
     rng = ckpt['rng']
     if not (isinstance(rng.get('torch'), torch.Tensor) and isinstance(rng.get('data'), torch.Tensor)
             and rng.get('torch').dtype == rng.get('data').dtype == torch.uint8
-            and isinstance(rng.get('cuda'), (torch.Tensor, type(None)))):
-        raise ValueError("'rng' lacks the torch, data and cuda generator states")
+            and isinstance(rng.get('cuda'), (torch.Tensor, type(None)))
+            and isinstance(rng.get('mps'), (torch.Tensor, type(None)))):
+        raise ValueError("'rng' lacks the torch, data and device generator states")
     check_tensors(ckpt, ('optimizer', 'rng'), saved_crcs)
     if changed:
         raise ValueError(f"its record {changed[0]} does not match the CRC-32 saved with it (bytes changed on disk)")

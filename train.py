@@ -26,17 +26,17 @@ from tqdm import tqdm
 import run
 from common import (SDPA_BACKENDS, UserError, append_line, flops_per_token, main_guard, model_config, parse_config,
                     peak_flops, resolve_dtype, save_checkpoint, saved_config, sdpa_backend)
-from model import CLAIM_B, GPT, OPERATOR_DEFAULTS, OPERATOR_KEYS, gamma_delta, in_corridor
+from model import CLAIM_B, GPT, OPERATOR_DEFAULTS, OPERATOR_KEYS, OPERATORS, gamma_delta, in_corridor
 from sources import Data, check_tokenizer, load_checkpoint, load_model, model_from_checkpoint
 
 # default config: GPT-2 124M on OpenWebText, nanoGPT's key names
 DEFAULTS = dict(
     # I/O
-    out_dir='out',
-    eval_interval=2000,
-    log_interval=1,
-    eval_iters=200,
-    eval_only=False,
+    out_dir='out',                 # the run folder: config.json, log.jsonl, ckpt.pt
+    eval_interval=2000,            # evaluate (train and val loss), log and checkpoint every this many iterations
+    log_interval=1,                # a console line (batch loss, speed, ETA, where the heads are) every this many iterations
+    eval_iters=200,                # batches per split in each evaluation (the same batches at every evaluation)
+    eval_only=False,               # evaluate the initial or resumed model once, then exit
     always_save_checkpoint=True,   # False: ckpt.pt only when val loss improves
     snapshot_interval=0,           # also keep ckpt_<iter>.pt at evals every this many iters (0: never)
     init_from='scratch',           # 'scratch', 'resume' (out_dir/ckpt.pt), 'gpt2', 'gpt2-medium', ... or a pretrained
@@ -46,42 +46,43 @@ DEFAULTS = dict(
     walk_interval=0,               # evals at multiples of this also log the connection-walk geometry (0: never)
     walk_seqs=32,                  # ... on this many fixed validation sequences of min(64, block_size) tokens
     wandb_log=False,               # also log to Weights & Biases what log.jsonl gets
-    wandb_project='corridor-gpt',
-    wandb_run_name='run',
+    wandb_project='corridor-gpt',  # Weights & Biases project
+    wandb_run_name='run',          # ... and run name
     # data: data_root/dataset/{train,val}.bin from prepare.py
-    data_root='data',
-    dataset='openwebtext',
+    data_root='data',              # where prepare.py wrote the datasets
+    dataset='openwebtext',         # the folder under data_root (shakespeare_char, wikitext2_char, openwebtext, ...)
     gradient_accumulation_steps=40,  # ×12×1024 ≈ 0.5M tokens per iteration (split across DDP ranks)
-    batch_size=12,
-    block_size=1024,
+    batch_size=12,                 # sequences per micro-batch
+    block_size=1024,               # context length in tokens
     # model (the vocabulary comes from the data's meta.json, padded to a multiple of 64 by the model itself)
-    n_layer=12,
-    n_head=12,
-    n_embd=768,
-    dropout=0.0,
-    bias=False,
-    # the attention operator: operator='corridor', gamma_init=..., ... (every key and default: GPTConfig in model.py)
+    n_layer=12,                    # transformer blocks
+    n_head=12,                     # attention heads per block
+    n_embd=768,                    # width of the residual stream
+    dropout=0.0,                   # on attention, residual and embedding outputs
+    bias=False,                    # biases in Linears and LayerNorms (GPT-2 has them)
+    # the attention operator (model.py: GPTConfig's keys, OPERATORS' entries say which each form reads)
     **OPERATOR_DEFAULTS,
     # AdamW
-    learning_rate=6e-4,
-    max_iters=600000,
-    weight_decay=1e-1,
-    beta1=0.9,
-    beta2=0.95,
+    learning_rate=6e-4,            # peak learning rate
+    max_iters=600000,              # optimizer steps in the run
+    weight_decay=1e-1,             # on the ≥2-D weights only (not the operator's scalars: model.configure_optimizers)
+    label_smoothing=0.0,           # the training loss's (model.lm_loss); evaluations report plain cross-entropy
+    beta1=0.9,                     # AdamW's moment decay rates
+    beta2=0.95,                    # ...
     grad_clip=1.0,                 # 0: no clipping
     # learning rate: linear warmup, cosine decay to min_lr at lr_decay_iters
-    decay_lr=True,
-    warmup_iters=2000,
-    lr_decay_iters=600000,
-    min_lr=6e-5,
+    decay_lr=True,                 # False: learning_rate throughout
+    warmup_iters=2000,             # linear warmup over this many iterations
+    lr_decay_iters=600000,         # the cosine reaches min_lr here (nanoGPT: ~max_iters)
+    min_lr=6e-5,                   # the cosine's floor (nanoGPT: ~learning_rate / 10)
     # system
-    device='cuda' if torch.cuda.is_available() else 'cpu',
-    dtype='auto',                  # 'auto': bfloat16 where the GPU has it natively, else float16; float32 on CPU
-    compile=True,
+    device='cuda' if torch.cuda.is_available() else 'cpu',  # 'cpu', 'cuda', 'cuda:N', or 'mps' (Apple silicon)
+    dtype='auto',                  # 'auto': bfloat16 where the GPU has it natively, else float16; float32 on CPU, MPS
+    compile=True,                  # torch.compile the model (Inductor; slower to start, faster per step on a GPU)
     sdpa_backend='auto',           # F.scaled_dot_product_attention's kernel: auto (PyTorch's pick), flash, efficient,
                                    # cudnn or math; one that can't run this model here fails at the start, in one line
     backend='auto',                # DDP: 'auto' = nccl on GPU, gloo on CPU
-    seed=1337,
+    seed=1337,                     # initial weights, batch order, dropout
 )
 # what a resumed run can't change (block_size may shrink: it is checked against the model's positions)
 ARCHITECTURE_KEYS = ('n_layer', 'n_head', 'n_embd', 'bias') + tuple(k for k in OPERATOR_KEYS if k != 'operator_lr_mult')
@@ -114,7 +115,11 @@ def resolve_config(argv):
             raise UserError(f"{key} must be at least 1, got {getattr(cfg, key)}")
     kind, _, index = cfg.device.partition(':')
     dtypes = ('auto', 'float32', 'bfloat16', 'float16')
+    non_finite = [k for k, v in config.items() if isinstance(v, float) and not math.isfinite(v)]
     for wrong, message in (
+            (non_finite, f"{', '.join(non_finite)} must be finite, got "
+                         f"{', '.join(repr(config[k]) for k in non_finite)}"),
+            (not 0 <= cfg.label_smoothing < 1, f"label_smoothing must be in [0, 1), got {cfg.label_smoothing}"),
             (min(cfg.max_iters, cfg.snapshot_interval, cfg.warmup_iters, cfg.walk_interval) < 0,
              "max_iters, snapshot_interval, warmup_iters and walk_interval must be >= 0"),
             (min(cfg.learning_rate, cfg.min_lr, cfg.weight_decay, cfg.grad_clip) < 0,  # a negative grad_clip flips
@@ -133,8 +138,10 @@ def resolve_config(argv):
             (cfg.train_only == 'operator' and cfg.init_from == 'scratch',
              "train_only='operator' freezes pretrained weights: give --init_from=SOURCE (gpt2, smollm2-135m, a .gguf "
              "file or a transformers folder)"),
-            (kind not in ('cpu', 'cuda') or (index and not (kind == 'cuda' and index.isdigit())),
-             f"device must be 'cpu', 'cuda' or 'cuda:N', got {cfg.device!r}")):
+            (kind not in ('cpu', 'cuda', 'mps') or (index and not (kind == 'cuda' and index.isdigit())),
+             f"device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {cfg.device!r}"),
+            (kind == 'mps' and cfg.dtype == 'float16', "dtype='float16' needs a grad scaler, which this code runs on "
+             "CUDA only: on mps use float32 (the default) or bfloat16")):
         if wrong:
             raise UserError(message)
     return cfg, ckpt
@@ -199,7 +206,7 @@ def build_model(cfg, data, ckpt):
     if cfg.train_only == 'operator':
         if not model.operator_parameters():
             raise UserError(f"train_only='operator', but operator={cfg.operator!r} has no learnable scalars "
-                            f"(corridor, alpha, alpha_beta have)")
+                            f"({', '.join(name for name, form in OPERATORS.items() if form.learnable)} have)")
         for p in model.parameters():
             p.requires_grad_(any(p is q for q in model.operator_parameters()))
     check_tokenizer(model, data.meta, data.dir)
@@ -254,8 +261,7 @@ def operator_summary(model):
         return ''
     gamma, delta = gamma_delta(model.operator_coefficients())
     deep, corridor = (in_corridor(gamma, below).float().mean().item() for below in (CLAIM_B, 0.0))
-    # the second share is the corridor's occupancy (analyze.py's, the studies'), so its label names −1 < γ < 0: it
-    # read "γ < 0" until issue 49, which a head at γ ≤ −1 (beyond the Laplacian, not counted) contradicted
+    # the second share is the corridor's occupancy (analyze.py's, the studies'): −1 < γ < 0, not γ < 0
     return f" | γ̄ {gamma.mean():+.3f} δ̄ {delta.mean():.3f}, heads at −1 < γ < −{-CLAIM_B:g}: {deep:.0%} " \
            f"(−1 < γ < 0: {corridor:.0%})"
 
@@ -297,7 +303,7 @@ def build_training(cfg, data, data_rng, ckpt, rank, device, dtype, autocast, hel
     scaler = torch.amp.GradScaler(device.split(':')[0], enabled=dtype == 'float16')
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                            device.split(':')[0])
-    # seconds: the wall time spent in this run so far, over every sitting (in ckpt.pt, not in log.jsonl, whose lines
+    # seconds: the wall time spent in this run so far, over every resume (in ckpt.pt, not in log.jsonl, whose lines
     # a resumed run writes exactly as an uninterrupted one)
     progress = dict(iter_num=0, tokens_seen=0, best_val_loss=float('inf'), seconds=0.0)
     if ckpt is not None:
@@ -312,8 +318,8 @@ def optimizer_step(model, optimizer, scaler, data, offsets, autocast, cfg, ddp):
     for micro_step in range(len(offsets)):
         if ddp:
             model.require_backward_grad_sync = micro_step == len(offsets) - 1
-        with autocast:
-            _, loss = model(x, y)
+        with autocast:  # the training loss: label_smoothing reaches it, never estimate_loss's
+            _, loss = model(x, y, **({'label_smoothing': cfg.label_smoothing} if cfg.label_smoothing else {}))
             loss = loss / len(offsets)
         if micro_step + 1 < len(offsets):
             x, y = data.batch('train', offsets[micro_step + 1])  # loaded while the device computes
@@ -384,8 +390,8 @@ def train(argv, held):
         if (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters) and not (resumed and iter_num == start_iter):
             losses = estimate_loss(compiled, data, cfg, autocast, rank, world)
             if not all(math.isfinite(v) for v in losses.values()):
-                raise run.TrainingStopped(f"evaluation at iter {iter_num} gave {losses}; stopped without saving, "
-                                          f"{cfg.out_dir}/ckpt.pt holds the last good state")
+                raise run.TrainingStopped(f"evaluation at iter {iter_num} gave {losses}; stopped without saving: "
+                                          f"{run.last_good_state(cfg.out_dir)}")
             if rank == 0:
                 log_evaluation(cfg, iter_num, lr, losses, raw_model, progress, data, wandb, save)
             window.restart_clock()  # tokens/s and MFU count training steps only
@@ -406,8 +412,8 @@ def train(argv, held):
         if at_log_line or (stop_request.seen and not ddp) or iter_num == cfg.max_iters:
             lossf, stop = window.meet(stop_request.seen, ddp)
             if not math.isfinite(lossf):
-                raise run.TrainingStopped(f"loss is {lossf} at iter {iter_num}; stopped, {cfg.out_dir}/ckpt.pt holds "
-                                          f"the last good state (try a lower learning_rate, or bfloat16, not float16)")
+                raise run.TrainingStopped(f"loss is {lossf} at iter {iter_num}; stopped: {run.last_good_state(cfg.out_dir)}"
+                                          f" (try a lower learning_rate, or bfloat16, not float16)")
             if rank == 0 and at_log_line:
                 tqdm.write(f"iter {iter_num}/{cfg.max_iters}: batch loss {lossf:.4f}, lr {lr:.2e}"
                            f"{window.speed(iter_num)}{operator_summary(raw_model)}")

@@ -33,7 +33,7 @@ import time
 import numpy as np
 import torch
 
-from common import PEAK_FLOPS, REPO, UserError, atomic_write, flops_per_token, peak_flops, sdpa_backend
+from common import PEAK_FLOPS, REPO, UserError, atomic_write, flops_per_token, peak_flops, sdpa_backend, synchronize
 from lab.connection import connection_diagnostics, head_weights
 from model import GPT, OPERATORS, CausalSelfAttention, GPTConfig
 
@@ -47,7 +47,7 @@ PRESETS = {
                      '--gradient_accumulation_steps=1', '--max_iters=4', '--lr_decay_iters=4', '--warmup_iters=1',
                      '--eval_interval=4', '--eval_iters=1', '--log_interval=2', '--compile=False'))),
     'cpu': dict(n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_size=512, batch_size=8, rounds=7, steps=3,
-                forms=('attention', 'corridor', 'laplacian', 'alpha', 'alpha_beta'), modes=('eager', 'compiled'),
+                forms=tuple(OPERATORS), modes=('eager', 'compiled'),  # every form of model.py's table
                 dtype='float32', path_lengths=(1024, 2048), path_layers=2, new_tokens=256,
                 walk=dict(n_embd=768, n_head=12, seq_len=64, edges=6)),
     # GPT-2 124M at train.py's micro-batch (configs/owt_gpt2_124m.py: 12 × 1024)
@@ -71,9 +71,7 @@ BANDWIDTH = {'H100 SXM': 3.35e12, 'H200': 4.8e12}
 ASSUMED_MFU = (0.35, 0.50)
 
 
-def sync(device):
-    if device.startswith('cuda'):
-        torch.cuda.synchronize(device)
+sync = synchronize  # common's: CUDA and MPS run ahead of the host
 
 
 class Memory:
@@ -182,7 +180,7 @@ def bench_training(p, device, autocast, results, baseline=None):
                 model = module.GPT(module.GPTConfig(
                     n_layer=p['n_layer'], n_head=p['n_head'], n_embd=p['n_embd'], block_size=p['block_size'],
                     vocab_size=p['vocab_size'], bias=p.get('bias', True), operator=form,
-                    **(dict(gamma_init=-0.3, init_spread=0.2) if form in ('corridor', 'alpha', 'alpha_beta') else {}))).to(device)
+                    **(dict(gamma_init=-0.3, init_spread=0.2) if module.OPERATORS[form].learnable else {}))).to(device)
                 optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if device.startswith('cuda') else 'cpu')
                 key = (form, mode) if not tag else (form, mode, tag)
                 variants[key] = (model, torch.compile(model, dynamic=False) if mode == 'compiled' else model, optimizer)

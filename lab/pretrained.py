@@ -9,13 +9,12 @@ import inspect
 import sys
 
 import torch
-from torch.nn import functional as F
 
 from common import UserError, model_config
 from lab.gguf_files import gguf_folder, gguf_path, is_gguf
 from lab.hf_sources import FAMILIES, model_folder, model_type, quiet_transformers
 from lab.hf_tokenizer import load_tokenizer, tokenizer_fingerprint
-from model import GPT, OperatorCoefficients, apply_operator, next_token
+from model import GPT, OperatorCoefficients, apply_operator, lm_loss, next_token
 
 
 # The operator family inside a transformers causal LM. transformers looks a layer's attention function up by name
@@ -96,14 +95,9 @@ class PretrainedLM(torch.nn.Module):
         register_operator_attention()
         lm.set_attn_implementation(OPERATOR_ATTENTION)
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, **loss_options):
         logits = self.lm(input_ids=idx, use_cache=False).logits
-        loss = None
-        if targets is not None:
-            # at least float32 (bf16 logits under autocast), float64 in a float64 model
-            logits32 = logits.flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32))
-            loss = F.cross_entropy(logits32, targets.flatten(), ignore_index=-1)
-        return logits, loss
+        return logits, None if targets is None else lm_loss(logits, targets, **loss_options)  # model.py's, as GPT
 
     @property
     def head_size(self):

@@ -24,7 +24,7 @@ import torch
 
 from common import REPO, atomic_write, sdpa_backend
 from lab.bench import PRESETS, bench_training, sdpa_kernels, timed, write_synthetic_tokens
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, lm_loss
 
 CHECK_PARTS = {  # name: seconds it may take on a GPU (the compiles dominate)
     'environment': 60, 'correctness': 240, 'sdpa_kernels': 120, 'walk_and_math_path': 120, 'cached_sampler': 60,
@@ -71,7 +71,7 @@ def check_correctness(device, small, dtype):
         idx = torch.randint(0, 512, (2, model.config.block_size + 1), generator=torch.Generator().manual_seed(0))
         x, y = idx[:, :-1], idx[:, 1:]
         logits, _ = reference.forward_with_probs(x)
-        ref_loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+        ref_loss = lm_loss(logits, y)
         ref_loss.backward()
         ref_grads = [p.grad for p in reference.parameters()]
         torch._dynamo.reset()
@@ -82,7 +82,7 @@ def check_correctness(device, small, dtype):
             with torch.autocast(device.split(':')[0], dtype=dtype, enabled=dtype != torch.float32):
                 if run is None:
                     logits, _ = model.forward_with_probs(x.to(device))
-                    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten())
+                    loss = lm_loss(logits, y.to(device))
                 else:
                     _, loss = run(x.to(device), y.to(device))
             loss.backward()

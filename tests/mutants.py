@@ -17,7 +17,7 @@ Why an explicit list rather than a mutation tool: mutmut (3.8) and cosmic-ray (8
 offline, but they generate every operator and constant swap of a file (hundreds for model.py alone, most of them
 equivalent or in error messages) and run the tests covering each one; with tests that train tiny models in
 subprocesses that is hours on 2 cores, and a survivor says less than a bug someone could actually write. Here
-every mutant is such a bug, from issue 21's table and the core the paper rests on. The generated counterpart,
+every mutant is such a bug, in the core the paper rests on and in what the docs promise. The generated counterpart,
 restricted to the training-critical functions so that it fits in an hour, is tests/generated_mutants.py; the real bugs
 among its survivors are at the end of this list.
 """
@@ -51,7 +51,7 @@ CONFIG = 'value_takes or another_type or optional_keys or in_order or unknown_ke
 DTYPE = ('tests/test_common.py', 'tests/test_train.py', '-k', 'dtype')  # test_train.py: the capability boundaries
 
 MUTANTS = [
-    # issue 21's table: uncaught before it
+    # the statistics, the checkpoint, the data order and the schedule
     Mutant('t_at_n_df', 'lab/stats.py', 'p = t_two_sided_p(mean / se, n - 1)', 'p = t_two_sided_p(mean / se, n)',
            k('test_sweep.py', 'critical_value')),
     Mutant('t_one_sided', 'lab/stats.py', 'return float(2 * stats.t.sf(abs(t), df))',
@@ -63,7 +63,7 @@ MUTANTS = [
            k('test_train.py', 'same_batches')),
     Mutant('cosine_reversed', 'train.py', '0.5 * (1.0 + math.cos(', '0.5 * (1.0 - math.cos(',
            k('test_train.py', 'learning_rate_warms')),
-    # issue 21: caught before it
+    # exact resume and the operator's gradient
     Mutant('data_rng_not_restored', 'run.py', "data_rng.set_state(ckpt['rng']['data'])", 'pass',
            k('test_train.py', 'resume_logs_the_same_losses')),
     Mutant('operator_gradient_detached', 'model.py', 'return c_I * v + c_P * pv', 'return c_I * v + c_P * pv.detach()',
@@ -137,7 +137,7 @@ MUTANTS = [
            "operator='corridor', gamma_init=-0.1,", k('test_probe.py', 'derivative')),
     Mutant('verdict_population_std', 'lab/stats.py', 'statistics.stdev(differences) if len(differences) > 1',
            'statistics.pstdev(differences) if len(differences) > 1', k('test_sweep.py', 'critical_value')),
-    # survivors of the generated run (tests/generated_mutants.py, issue 30) that no test caught and this list lacked
+    # survivors of the generated run (tests/generated_mutants.py) that no test caught and this list lacked
     Mutant('layernorm_and_biases_decayed', 'model.py', "id(p) not in operator], weight_decay=0.0,",
            "id(p) not in operator], weight_decay=1.0,", k('test_model.py', 'exactly_the_matrices')),
     Mutant('no_decay_group_lr_doubled', 'model.py', "weight_decay=0.0,\n                       lr_mult=1.0),",
@@ -170,7 +170,7 @@ MUTANTS = [
            'if micro_step + 2 < len(offsets):', k('test_train.py', 'gradient_accumulation')),
     Mutant('micro_batch_loaded_from_behind', 'train.py', "offsets[micro_step + 1])", "offsets[micro_step - 1])",
            k('test_train.py', 'gradient_accumulation')),
-    # issue 49 item 9: what a docstring or the README promises in five areas a fresh set of bugs found under-tested
+    # what a docstring or the README promises, in five areas
     # the configurator's type checks (common.py)
     Mutant('config_bool_counts_as_int', 'common.py', 'or type(value) is type(default) and not isinstance(default, float)',
            'or isinstance(value, type(default)) and not isinstance(default, float)', k('test_common.py', CONFIG)),
@@ -292,7 +292,7 @@ MUTANTS = [
            "if have >= planned:  # a study still running is not on the page yet", "if runs:",
            ('tests/test_docs.py::'
             'test_the_settled_corridor_table_is_its_per_seed_cells_and_stays_off_the_page_until_every_run_is_in',)),
-    # a study gathered over sittings: a run appended twice, or changed, must not pass
+    # a study gathered in parts: a run appended twice, or changed, must not pass
     Mutant('per_seed_repeats_pass', 'docs/results_recomputed.py', "            if key(row) in keyed:\n",
            "            if False:\n",
            ('tests/test_docs.py::test_the_per_seed_readers_refuse_a_file_that_repeats_a_run_a_layer_or_a_batch',)),
@@ -319,6 +319,22 @@ MUTANTS = [
     Mutant('previous_eval_is_the_last', 'lab/reports.py', "val_loss_previous_eval=repr(run['log'][-2]['val_loss'])",
            "val_loss_previous_eval=repr(run['log'][-1]['val_loss'])",
            ('tests/test_sweep.py::test_the_settled_corridor_study_reports_its_named_tests_and_publishes_every_seed',)),
+    # promises at their edges: a check's boundary, what a resume carries, which keys a form reads, the device
+    Mutant('token_id_check_off_by_one', 'sources.py', "if largest >= meta['vocab_size']:",
+           "if largest > meta['vocab_size']:", k('test_train.py', 'equal_to_vocab_size')),
+    Mutant('resume_seconds_from_zero', 'run.py', "progress['seconds'] = ckpt.get('seconds', 0.0)",
+           "progress['seconds'] = 0.0", k('test_train.py', 'elapsed_seconds')),
+    Mutant('ignored_operator_key_accepted', 'common.py', "(ignored and not saved, f\"operator=", "(False, f\"operator=",
+           k('test_common.py', 'does_not_read')),
+    Mutant('missing_model_arg_refused', 'sources.py', "    if missing:\n        args.update(",
+           "    if missing:\n        raise ValueError('lacks a key')\n        args.update(",
+           k('test_train.py', 'before_a_model_key_existed')),
+    Mutant('label_smoothing_dropped', 'train.py', "**({'label_smoothing': cfg.label_smoothing} if cfg.label_smoothing else {})",
+           "**{}", k('test_train.py', 'label_smoothing_reaches')),
+    Mutant('mps_not_synchronised', 'common.py', "    elif kind == 'mps':\n        torch.mps.synchronize()",
+           "    elif kind == 'mps':\n        pass", k('test_common.py', 'on_mps')),
+    Mutant('absent_checkpoint_named', 'run.py', "    if not os.path.isfile(path):\n        return None,",
+           "    if False:\n        return None,", k('test_train.py', 'saved_nothing')),
 ]
 
 

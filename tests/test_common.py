@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from model import OPERATOR_DEFAULTS, OPERATOR_KEYS, OPERATORS
 from common import (UserError, WriteFailed, append_line, atomic_write, model_config, parse_config, peak_flops,
                     peak_flops_of, resolve_dtype, save_checkpoint, saved_config)
 
@@ -120,12 +121,15 @@ SMALL = dict(block_size=8, vocab_size=16, n_layer=1, n_head=4, n_embd=16)
     (dict(dropout=1.0), "dropout must be in [0, 1), got 1.0"),
     (dict(dropout=-0.1), "dropout must be in [0, 1), got -0.1"),
     (dict(operator='corridor', init_spread=-0.1), "init_spread must be >= 0, got -0.1"),
-    (dict(operator_lr_mult=-1.0), "operator_lr_mult must be >= 0, got -1.0"),
+    (dict(operator='corridor', operator_lr_mult=-1.0), "operator_lr_mult must be >= 0, got -1.0"),
+    (dict(operator='corridor', gamma_init=float('inf')), "gamma_init must be finite in float32, got inf"),
+    (dict(operator='alpha', delta_init=float('nan')), "delta_init must be finite in float32, got nan"),
+    (dict(operator='corridor', gamma_init=4e38), "gamma_init must be finite in float32, got 4e+38"),
     (dict(operator='laplacian', laplacian_heads=0), "laplacian_heads must be in [1, n_head=4], got 0"),
     (dict(operator='laplacian', laplacian_heads=5), "laplacian_heads must be in [1, n_head=4], got 5"),
     (dict(operator='corridor', gamma_nonneg=True, gamma_init=0.1, init_spread=0.2),
      "gamma_nonneg needs gamma_init - init_spread >= 0, got 0.1 - 0.2"),
-    (dict(operator='attention', gamma_init=-0.1), "gamma_init only apply to a learnable operator"),
+    (dict(operator='attention', gamma_init=-0.1), "operator='attention' does not read gamma_init"),
 ])
 def test_a_config_no_model_can_have_is_one_line_when_the_config_is_built(keys, message):
     with pytest.raises(UserError) as e:
@@ -133,7 +137,28 @@ def test_a_config_no_model_can_have_is_one_line_when_the_config_is_built(keys, m
     assert message in str(e.value)
 
 
-@pytest.mark.parametrize('keys', [dict(dropout=0.0), dict(dropout=0.999), dict(operator_lr_mult=0.0),
+@pytest.mark.parametrize('operator', OPERATORS)
+def test_a_key_the_chosen_form_does_not_read_is_one_line_naming_the_forms_that_do(operator):
+    """Each form's entry says which keys it reads; every other operator key, set away from its default, is refused
+    (at its default it is accepted: a config that never mentions it)."""
+    form = OPERATORS[operator]
+    for key in OPERATOR_KEYS[1:]:
+        default = OPERATOR_DEFAULTS[key]
+        other = (not default) if isinstance(default, bool) else default + (2 if key == 'laplacian_heads' else 0.25)
+        config = {**SMALL, 'operator': operator, key: other}
+        if key in form.keys:
+            assert getattr(model_config(config), key) == other
+            continue
+        with pytest.raises(UserError) as e:
+            model_config(config)
+        readers = ', '.join(name for name, f in OPERATORS.items() if key in f.keys)
+        assert f"operator={operator!r} does not read {key}" in str(e.value) and f"{key} is read by {readers}" in \
+            str(e.value)
+        assert getattr(model_config({**config, key: default}), key) == default
+        assert getattr(model_config(config, saved=True), key) == other  # a saved model is read as it trained
+
+
+@pytest.mark.parametrize('keys', [dict(dropout=0.0), dict(dropout=0.999), dict(operator='corridor', operator_lr_mult=0.0),
                                   dict(operator='laplacian', laplacian_heads=1),
                                   dict(operator='laplacian', laplacian_heads=4),
                                   dict(operator='corridor', gamma_nonneg=True, gamma_init=0.25, init_spread=0.25),
@@ -314,3 +339,118 @@ def test_a_save_that_dies_before_the_rename_leaves_the_old_checkpoint(saved, mon
     assert read(saved)['iter_num'] == 1
     save_checkpoint(checkpoint(3), str(saved))  # and the next save goes through
     assert read(saved)['iter_num'] == 3
+
+
+# ---------------------------------------------------------------------------------------------- --device=mps
+# No Apple GPU here: each decision that depends on the device is checked on the string 'mps', with torch.mps's
+# functions recorded in place of the real ones.
+
+@pytest.fixture
+def fake_mps(monkeypatch):
+    """torch.mps as an available device whose calls are recorded: (calls, the generator state it holds)."""
+    calls, state = [], {'rng': torch.arange(4, dtype=torch.uint8)}
+    monkeypatch.setattr(torch.backends.mps, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.mps, 'synchronize', lambda: calls.append('synchronize'))
+    monkeypatch.setattr(torch.mps, 'get_rng_state', lambda *a: (calls.append('get_rng_state'), state['rng'].clone())[1])
+    monkeypatch.setattr(torch.mps, 'set_rng_state', lambda s, *a: (calls.append('set_rng_state'), state.update(rng=s)))
+    for name in ('synchronize', 'get_rng_state', 'set_rng_state'):  # never CUDA's on mps
+        monkeypatch.setattr(torch.cuda, name, lambda *a, name=name: pytest.fail(f'torch.cuda.{name} on mps'))
+    return calls, state
+
+
+def test_mps_unavailable_is_one_line_naming_the_cpu_instead(monkeypatch):
+    from common import check_device
+    monkeypatch.setattr(torch.backends.mps, 'is_available', lambda: False)
+    with pytest.raises(UserError) as e:
+        check_device('mps')
+    assert str(e.value) == ("device='mps' but MPS is not available here (it needs Apple silicon and a PyTorch built "
+                            "with MPS): use --device=cpu")
+    check_device('cpu')  # nothing to check
+
+
+def test_on_mps_auto_is_float32_timing_synchronises_mps_and_its_generator_is_saved_and_restored(fake_mps):
+    from common import check_device, device_rng_state, rng_untouched, set_device_rng_state, synchronize
+    calls, state = fake_mps
+    check_device('mps')
+    assert resolve_dtype('auto', 'mps') == 'float32' and resolve_dtype('bfloat16', 'mps') == 'bfloat16'
+    synchronize('mps')
+    synchronize('cpu')
+    assert calls == ['synchronize']
+    saved = device_rng_state('mps')
+    assert torch.equal(saved, state['rng']) and device_rng_state('cpu') is None
+    set_device_rng_state('mps', torch.zeros(4, dtype=torch.uint8))
+    assert torch.equal(state['rng'], torch.zeros(4, dtype=torch.uint8))
+    host = torch.get_rng_state()
+    with rng_untouched('mps'):  # the SDPA probe's: what it draws leaves no trace on either generator
+        state['rng'] = torch.ones(4, dtype=torch.uint8)
+        torch.rand(3)
+    assert torch.equal(state['rng'], torch.zeros(4, dtype=torch.uint8)) and torch.equal(torch.get_rng_state(), host)
+
+
+def test_on_mps_the_optimizer_is_not_cudas_fused_one():
+    from model import GPT, GPTConfig
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=4, vocab_size=8, operator='corridor'))
+    for device_type, fused in (('mps', False), ('cpu', False)):
+        optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), device_type)
+        assert bool(optimizer.defaults['fused']) == fused
+
+
+def test_a_checkpoint_keeps_the_mps_generator_and_a_resume_on_mps_restores_it(fake_mps, tmp_path):
+    import run
+    from types import SimpleNamespace
+    from model import GPT, GPTConfig
+    calls, state = fake_mps
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=4, vocab_size=8))
+    model.source = None
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'mps')
+    scaler = torch.amp.GradScaler('cpu', enabled=False)
+    cfg = SimpleNamespace(train_only='all', out_dir=str(tmp_path), seed=0)
+    progress = dict(iter_num=3, tokens_seen=12, best_val_loss=1.0, seconds=2.0)
+    ckpt = run.checkpoint_state(model, optimizer, scaler, cfg, dict(tokenizer='char'), progress, torch.Generator(),
+                                'mps')
+    assert torch.equal(ckpt['rng']['mps'], state['rng']) and ckpt['rng']['cuda'] is None
+    state['rng'] = torch.zeros(4, dtype=torch.uint8)
+    restored = run.restore_state(ckpt, optimizer, scaler, torch.Generator(), cfg, 'mps', 0)
+    assert torch.equal(state['rng'], torch.arange(4, dtype=torch.uint8)) and restored['seconds'] == 2.0
+
+
+def test_torchrun_on_mps_is_one_line(fake_mps, monkeypatch):
+    import run
+    from types import SimpleNamespace
+    monkeypatch.setenv('RANK', '0')
+    with pytest.raises(UserError) as e:
+        with run.processes(SimpleNamespace(device='mps', backend='auto', gradient_accumulation_steps=1)):
+            pass
+    assert 'no process-group backend for MPS' in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------- --help
+
+@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'lab/sweep.py'])
+def test_help_gives_every_key_its_default_and_a_meaning_grouped_as_the_defaults_are(script):
+    """--help's list is read from the comments beside the defaults (the model's keys from GPTConfig's): every key has
+    one, so a key added without a comment fails here, not silently in --help."""
+    import importlib
+    from common import REPO, key_help
+    defaults = importlib.import_module(script[:-3].replace('/', '.')).DEFAULTS
+    text = key_help(defaults, os.path.join(REPO, script))
+    lines = text.splitlines()
+    for key, value in defaults.items():
+        line = next(line for line in lines if line.startswith(f"  {key}={value!r}"))
+        assert len(line.split(maxsplit=1)) == 2, f"{script}: --help gives {key} no meaning"
+    if script == 'train.py':  # the groups, in the defaults' order, the operator's keys under their own heading
+        headings = [line for line in lines if line and not line.startswith(' ')][1:]
+        assert headings[0] == 'I/O' and headings[-1] == 'system' and any('attention operator' in h for h in headings)
+        operator = lines.index(next(h for h in headings if 'attention operator' in h))
+        assert lines[operator + 1].startswith("  operator='attention'") and 'OPERATORS' in lines[operator + 1]
+
+
+def test_key_meanings_reads_headings_entries_and_continued_comments(tmp_path):
+    from common import key_meanings
+    (tmp_path / 'script.py').write_text(
+        "X = 1\nDEFAULTS = dict(\n    # first group\n    a=1,          # the a\n    b='x',\n"
+        "                  # b's meaning, continued\n    # second group\n    **OTHER,\n    c=2,  # the c\n)\n"
+        "y = 3  # not a key\n")
+    found = key_meanings(tmp_path / 'script.py', r'^DEFAULTS = dict\(')
+    assert found == {'a': ('first group', 'the a'), 'b': ('first group', "b's meaning, continued"),
+                     '**': ('second group', ''), 'c': ('second group', 'the c')}

@@ -13,6 +13,12 @@ FORMS = list(OPERATORS)
 LEARNABLE = [name for name, form in OPERATORS.items() if form.learnable]
 
 
+def reads(operator, **keys):
+    """The keys of these that the form's table entry says it reads: a test over every form asks the table which of
+    its starts (gamma_init, init_spread, ...) a form takes, so a form with keys of its own runs these tests as is."""
+    return {key: value for key, value in keys.items() if key in OPERATORS[operator].keys}
+
+
 def tiny_config(**overrides):
     return GPTConfig(**{**dict(block_size=16, vocab_size=50, n_layer=2, n_head=4, n_embd=32), **overrides})
 
@@ -85,8 +91,8 @@ def test_laplacian_heads_are_identity_minus_P():
 @pytest.mark.parametrize('operator', LEARNABLE)
 def test_operator_is_cI_V_plus_cP_PV_with_P_built_by_hand(operator):
     torch.manual_seed(0)
-    attn = CausalSelfAttention(tiny_config(operator=operator, gamma_init=-0.4, delta_init=1.3,
-                                           init_spread=0.5)).double()
+    attn = CausalSelfAttention(tiny_config(operator=operator, **reads(operator, gamma_init=-0.4, delta_init=1.3,
+                                                                      init_spread=0.5))).double()
     x = torch.randn(2, 10, 32, dtype=torch.float64)
     P, v = causal_softmax_by_hand(attn, x)
     c_I, c_P = (c.view(1, -1, 1, 1) for c in attn.coefficients())
@@ -119,9 +125,8 @@ def test_alpha_forms_with_parameters_mapped_from_gamma_delta_give_the_corridor()
 @pytest.mark.parametrize('operator', FORMS)
 def test_operator_coefficients_follow_the_table(operator):
     gamma0, delta0 = -0.3, 1.5
-    learnable = dict(gamma_init=gamma0, delta_init=delta0) if operator in LEARNABLE else {}
-    extra = dict(laplacian_heads=1) if operator == 'laplacian' else {}
-    coefficients = build(operator=operator, **learnable, **extra).operator_coefficients()
+    coefficients = build(operator=operator, **reads(operator, gamma_init=gamma0, delta_init=delta0,
+                                                    laplacian_heads=1)).operator_coefficients()
     assert coefficients.shape == (2, 4, 2) and coefficients.dtype == torch.float32
     assert coefficients.device.type == 'cpu' and not coefficients.requires_grad
     fixed = {'attention': [[0.0, 1.0]] * 4, 'laplacian': [[0.0, 1.0]] * 3 + [[1.0, -1.0]]}
@@ -129,7 +134,7 @@ def test_operator_coefficients_follow_the_table(operator):
     if operator in fixed:
         torch.testing.assert_close(coefficients, torch.tensor([fixed[operator]] * 2))
     gamma, delta = gamma_delta(coefficients)
-    if operator in LEARNABLE:  # every learnable form starts at the γ0 it was given, and at δ0 if δ is one of its two
+    if 'gamma_init' in OPERATORS[operator].keys:  # a form that reads γ0 starts there, and at δ0 if δ is one of its two
         torch.testing.assert_close(gamma, torch.full((2, 4), gamma0))
         if len(OPERATORS[operator].params) == 2:
             torch.testing.assert_close(delta, torch.full((2, 4), delta0))
@@ -162,7 +167,7 @@ def test_init_spread_draws_are_centred_on_gamma_init_and_uniform():
 
 @pytest.mark.parametrize('operator', FORMS)
 def test_fast_path_equals_math_path(operator):
-    model = build(operator=operator, init_spread=0.3 if operator in LEARNABLE else 0.0)
+    model = build(operator=operator, **reads(operator, init_spread=0.3))
     idx = tokens()
     for trained in (False, True):
         if trained:
@@ -180,7 +185,7 @@ def test_fast_path_equals_math_path(operator):
 
 @pytest.mark.parametrize('operator', FORMS)
 def test_future_tokens_never_change_the_past(operator):
-    model = train_steps(build(operator=operator, init_spread=0.3 if operator in LEARNABLE else 0.0)).eval()
+    model = train_steps(build(operator=operator, **reads(operator, init_spread=0.3))).eval()
     idx = tokens(B=2)
     t = 7
     changed = idx.clone()
@@ -215,7 +220,7 @@ def test_ignore_index_minus_one_drops_positions_from_the_loss():
 @pytest.mark.parametrize('operator,extra', [(name, {}) for name in LEARNABLE] +
                                            [('corridor', dict(gamma_nonneg=True, gamma_init=0.4))])
 def test_operator_scalar_gradients_match_finite_differences(operator, extra):
-    extra = {'gamma_init': -0.4, 'delta_init': 1.2, 'init_spread': 0.3, **extra}
+    extra = {**reads(operator, gamma_init=-0.4, delta_init=1.2, init_spread=0.3), **extra}
     model = build(operator=operator, n_layer=2, n_head=2, n_embd=8, **extra).double()
     idx, targets = tokens(B=2, T=6), tokens(B=2, T=6, seed=2)
     _, loss = model(idx, targets)
@@ -250,7 +255,7 @@ def test_attention_gradients_match_finite_differences_on_both_paths(operator, re
 
 @pytest.mark.parametrize('operator', FORMS)
 def test_fast_path_and_math_path_give_the_same_gradients(operator):
-    model = build(operator=operator, init_spread=0.3 if operator in LEARNABLE else 0.0).double()
+    model = build(operator=operator, **reads(operator, init_spread=0.3)).double()
     idx, targets = tokens(), tokens(seed=2)
     grads = []
     for logits in (model(idx)[0], model.forward_with_probs(idx)[0]):
@@ -433,7 +438,7 @@ def test_the_laplacian_and_attention_have_no_learnable_scalars_and_never_move():
 
 @pytest.mark.parametrize('operator', LEARNABLE)
 def test_weight_decay_never_reaches_the_operator_scalars(operator):
-    model = build(operator=operator, gamma_init=-0.5, delta_init=1.5)
+    model = build(operator=operator, **reads(operator, gamma_init=-0.5, delta_init=1.5))
     optimizer = model.configure_optimizers(weight_decay=0.5, learning_rate=0.1, betas=(0.9, 0.95), device_type='cpu')
     scalars_before = [p.detach().clone() for p in model.operator_parameters()]
     weight_before = model.transformer.h[0].mlp.c_fc.weight.detach().clone()
@@ -499,9 +504,9 @@ def test_operator_lr_mult_scales_the_scalars_step():
     (dict(operator='corridr'), "unknown operator 'corridr'"),
     (dict(n_embd=30), "divisible by n_head"),
     (dict(operator='laplacian', laplacian_heads=5), "laplacian_heads must be in [1, n_head=4]"),
-    (dict(operator='attention', gamma_init=-0.5), "gamma_init only apply to a learnable operator"),
-    (dict(operator='alpha', gamma_nonneg=True), "gamma_nonneg constrains the corridor"),
-    (dict(operator='alpha_beta', learn_gamma=False), "use operator='corridor'"),
+    (dict(operator='attention', gamma_init=-0.5), "operator='attention' does not read gamma_init"),
+    (dict(operator='alpha', gamma_nonneg=True), "operator='alpha' does not read gamma_nonneg"),
+    (dict(operator='alpha_beta', learn_gamma=False), "learn_gamma is read by corridor"),
     (dict(operator='corridor', gamma_nonneg=True, gamma_init=-0.2), "gamma_nonneg needs gamma_init"),
     (dict(operator='corridor', gamma_nonneg=True, gamma_init=0.1, init_spread=0.2), "gamma_nonneg needs"),
     (dict(init_spread=-1.0, operator='corridor'), "init_spread must be >= 0"),
@@ -531,7 +536,7 @@ def test_compiled_model_equals_eager_on_cpu():
 def test_kv_cached_generation_equals_recomputing_every_position(operator):
     # float32 on the CPU: the logits agree to ~1e-6 (the test below states the tolerance per dtype), far inside
     # the gaps between this model's top logits, so the sampled tokens are equal exactly
-    model = train_steps(build(operator=operator, init_spread=0.3 if operator in LEARNABLE else 0.0)).eval()
+    model = train_steps(build(operator=operator, **reads(operator, init_spread=0.3))).eval()
     prompt = tokens(B=2, T=5)
     # 20 new tokens run past block_size=16, so the cropped-context rebuild is covered too
     cached = model.generate(prompt, 20, temperature=0, use_cache=True)
@@ -725,10 +730,11 @@ def test_checkpoints_hold_the_weights_and_the_operator_scalars_and_nothing_else(
 
 NEW_FORMS = '''
     'mix':        OperatorForm(('a', 'b'), learnable=True, init=lambda g0, d0, config: (d0 * g0, d0),
-                               coefficients=lambda a, b: (a, b)),
+                               coefficients=lambda a, b: (a, b), keys=START),
     'bounded':    OperatorForm(params=('theta',), learnable=True,
                                init=lambda gamma0, delta0, config: (torch.atanh(gamma0),),
-                               coefficients=lambda theta: (torch.tanh(theta), torch.ones_like(theta))),
+                               coefficients=lambda theta: (torch.tanh(theta), torch.ones_like(theta)),
+                               keys=('gamma_init', 'init_spread', 'operator_lr_mult')),
 }'''
 
 

@@ -1,4 +1,4 @@
-"""run.py and what train.py calls of it, and the GPU path's review (issue 41) tested on the CPU: a resume into another
+"""run.py and what train.py calls of it, and the GPU path tested on the CPU: a resume into another
 dtype, compiled training (eager = compiled, one recompile, no graph break, DDP over a compiled model, a compiled
 pretrained model), the SDPA probe feeding SDPA what the model feeds it, MFU's FLOPs for frozen weights, and the lines a
 run prints (ETA, claim (b)'s occupancy, the next commands, as the README lists them)."""
@@ -187,7 +187,7 @@ def test_a_compiled_pretrained_model_with_the_operator_equals_eager():
 
 # ---------------------------------------------------------------------------------------------- what a run prints
 
-def test_the_eta_is_the_iterations_left_at_the_sittings_pace(monkeypatch):
+def test_the_eta_is_the_iterations_left_at_this_process_pace(monkeypatch):
     """After the first (compiling) step the clock starts; ETA = iterations left × seconds per iteration since then,
     evaluations included; tok/s and ms/iter count the timed steps only."""
     now = [100.0]

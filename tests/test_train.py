@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -188,13 +189,20 @@ def finished_run(tiny_data_root, tmp_path):
     (['--dataset=nope'], "no prepared data at"),
     (['configs/nope.py'], "config file 'configs/nope.py' not found"),
     (['--block_size=100000'], "block_size=100000 needs more tokens than that"),
-    (['--operator=alpha', '--gamma_nonneg=True'], "gamma_nonneg constrains the corridor"),
+    (['--operator=alpha', '--gamma_nonneg=True'], "operator='alpha' does not read gamma_nonneg"),
+    (['--operator=attention', '--operator_lr_mult=3'], "operator='attention' does not read operator_lr_mult"),
+    (['--operator=corridor', '--laplacian_heads=3'], "laplacian_heads is read by laplacian"),
+    (['--label_smoothing=1.0'], "label_smoothing must be in [0, 1), got 1.0"),
+    (['--learning_rate=1e999'], "learning_rate must be finite"),
+    (['--device=mps'], "device='mps' but MPS is not available here"),  # no Apple GPU on the test machines
+    (['--device=mps', '--dtype=float16'], "on mps use float32 (the default) or bfloat16"),
     (['--n_layer'], "expected --key=value"),
     (['--warmup_iters=5', '--lr_decay_iters=5'], "lr_decay_iters=5 must exceed warmup_iters=5"),
     (['--eval_interval=0'], "eval_interval must be at least 1"),
     (['--n_layer={[1]: 2}'], "n_layer must be int"),  # not even a Python literal
     (['--vocab_size=50304'], "pads its embedding to a multiple of 64 by itself"),  # nanoGPT's habit
-    (['--device=tpu'], "device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+    (['--device=tpu'], "device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got 'tpu'"),
+    (['--device=mps:0'], "device must be"),
     (['--device=cpu:1'], "device must be"),
     (['--eval_interval=10', '--walk_interval=15'], "walk_interval=15 must be a multiple of eval_interval=10"),
 ])
@@ -493,7 +501,7 @@ def test_a_sixth_operator_is_one_table_entry(tiny_data_root, tmp_path, monkeypat
     bounded = model.OperatorForm(  # γ = tanh(θ) stays inside (−1, 1), δ = 1
         params=('theta',), learnable=True,
         init=lambda gamma0, delta0, config: (torch.atanh(gamma0),),
-        coefficients=lambda theta: (torch.tanh(theta), torch.ones_like(theta)))
+        coefficients=lambda theta: (torch.tanh(theta), torch.ones_like(theta)), keys=model.START)
     monkeypatch.setitem(model.OPERATORS, 'bounded', bounded)
     monkeypatch.setitem(studies.VARIANTS, 'bounded', lambda: dict(operator='bounded'))
     monkeypatch.setattr(signal, 'signal', lambda *args: None)  # in-process: leave pytest's handlers alone
@@ -535,7 +543,8 @@ def test_a_save_on_a_full_disk_stops_in_one_line_and_lets_go_of_the_run_folder(t
     message = str(stopped.value)
     assert '\n' not in message and f"could not write {out / 'ckpt.pt'}" in message and 'No space left' in message
     if first_save:
-        assert 'no checkpoint was saved yet' in message and not (out / 'ckpt.pt').exists()
+        assert 'no checkpoint was saved' in message and 'start the run again' in message
+        assert not (out / 'ckpt.pt').exists()
     else:
         assert f"{out / 'ckpt.pt'} from iter 10 is intact" in message
         assert f"--init_from=resume --out_dir={out} --max_iters=20`" in message
@@ -1190,3 +1199,196 @@ def test_evaluations_fall_on_multiples_of_eval_interval_and_at_the_last_iteratio
     log = read_log(tmp_path / 'run')
     assert [e['iter'] for e in log] == [0, 3, 6, 7]
     assert [e['tokens'] for e in log] == [i * 8 * 32 for i in (0, 3, 6, 7)]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# what a run's last line promises, and what older checkpoints and the training loss's options keep
+
+def test_a_run_that_saved_nothing_says_so_and_names_no_checkpoint(tiny_data_root, tmp_path):
+    """max_iters=0 evaluates once and saves nothing (a checkpoint is written after iteration 0): the last line says
+    so and suggests no sample of a file that does not exist. A loss that goes non-finite before the first save: the
+    same, in its one line."""
+    out = tmp_path / 'out'
+    result = train(tiny_data_root, out, '--max_iters=0')
+    assert result.returncode == 0, result.stderr[-2000:]
+    done = next(line for line in result.stdout.splitlines() if line.startswith('done: 0 iterations'))
+    assert 'no checkpoint was saved' in done and not (out / 'ckpt.pt').exists()
+    assert 'sample.py' not in result.stdout
+    blown = train(tiny_data_root, tmp_path / 'blown', '--max_iters=20', '--eval_interval=10', '--learning_rate=1e12',
+                  '--decay_lr=False', '--grad_clip=0.0', '--log_interval=1')
+    assert_one_line_error(blown, 'loss is', 'no checkpoint was saved')
+    assert 'holds the last good state' not in blown.stderr and not (tmp_path / 'blown' / 'ckpt.pt').exists()
+
+
+def test_a_stopped_run_names_the_checkpoint_it_kept_and_its_iteration(tiny_data_root, tmp_path):
+    out = tmp_path / 'out'
+    assert train(tiny_data_root, out, '--max_iters=10', '--eval_interval=5').returncode == 0
+    result = run_script('train.py', '--init_from=resume', f'--out_dir={out}', '--max_iters=60',
+                        '--learning_rate=1e12', '--decay_lr=False', '--grad_clip=0.0', cwd=tiny_data_root)
+    assert_one_line_error(result, f"{out / 'ckpt.pt'} from iter 10 holds the last good state")
+
+
+@pytest.mark.parametrize('key', ['gamma_init', 'delta_init'])
+def test_an_operator_init_no_float32_scalar_holds_is_refused_before_training(tiny_data_root, tmp_path, key):
+    for value in ('1e39', '1e999', '-1e999'):
+        result = train(tiny_data_root, tmp_path / value, '--operator=corridor', f'--{key}={value}', '--max_iters=2')
+        assert_one_line_error(result, f"{key} must be finite")
+        assert not (tmp_path / value).exists()
+
+
+def test_label_smoothing_changes_the_training_loss_and_never_the_reported_one(tiny_data_root, monkeypatch):
+    """One loss function (model.lm_loss): the training step passes label_smoothing, evaluation passes nothing, so
+    the same model evaluates to the same loss whatever the training option."""
+    import train as train_module
+    from model import GPT, lm_loss
+    from sources import Data
+    torch.manual_seed(0)
+    cfg = train_module.SimpleNamespace(**{**DEFAULTS, 'eval_iters': 2, 'seed': 0, 'batch_size': 4, 'block_size': 16})
+    data = Data(tiny_data_root, 'tiny', 16, 4, 'cpu')
+    model = GPT(train_module.model_config({**vars(cfg), 'n_layer': 1, 'n_head': 2, 'n_embd': 16,
+                                            'vocab_size': data.meta['vocab_size']}))
+    x, y = data.batch('train', torch.arange(4) * 10)
+    plain, smoothed = model(x, y)[1], model(x, y, label_smoothing=0.1)[1]
+    logits = model(x)[0]
+    log_p = logits.log_softmax(-1).flatten(0, 1)
+    expected = 0.9 * -log_p.gather(1, y.flatten()[:, None]).mean() + 0.1 * -log_p.mean()  # its definition
+    assert torch.allclose(smoothed, expected) and not torch.allclose(smoothed, plain)
+    assert torch.equal(lm_loss(logits, y), plain)
+    losses = [train_module.estimate_loss(model, data, train_module.SimpleNamespace(**{**vars(cfg), 'label_smoothing': s}),
+                                         nullcontext(), 0, 1) for s in (0.0, 0.3)]
+    assert losses[0] == losses[1]
+
+
+def test_label_smoothing_reaches_every_training_step(tiny_data_root, tmp_path, monkeypatch):
+    import model as model_module
+    seen = []
+    loss = model_module.lm_loss
+    monkeypatch.setattr(model_module, 'lm_loss', lambda logits, targets, **o: (seen.append(o), loss(logits, targets, **o))[1])
+    train_in_process(monkeypatch, tiny_data_root, tmp_path / 'out', '--max_iters=3', '--eval_interval=3',
+                     '--eval_iters=1', '--label_smoothing=0.1')
+    assert seen.count({'label_smoothing': 0.1}) == 3 and seen.count({}) == 2 * 2 * 1  # 3 steps; 2 evals × 2 splits
+
+
+def test_a_resume_carries_the_elapsed_seconds_over(tiny_data_root, tmp_path, monkeypatch):
+    """The checkpoint's seconds (the per-seed files' seconds column) count every part of a run: a resume adds to
+    them, it does not start again from zero. Each step here takes one second of a fake clock."""
+    import run as run_module
+    clock = iter(range(10 ** 6))
+    monkeypatch.setattr(run_module.time, 'time', lambda: float(next(clock)))
+    out = tmp_path / 'out'
+    train_in_process(monkeypatch, tiny_data_root, out, '--max_iters=6', '--eval_interval=3', '--lr_decay_iters=8')
+    first = torch.load(out / 'ckpt.pt', weights_only=True)['seconds']
+    import train as train_module
+    train_module.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=8'])
+    second = torch.load(out / 'ckpt.pt', weights_only=True)['seconds']
+    assert first >= 6 and second >= first + 2
+
+
+def test_a_checkpoint_saved_before_a_model_key_existed_samples_analyses_and_resumes(tiny_data_root, finished_run):
+    """A key added to GPTConfig after a run was saved: its checkpoint lacks it in model_args and config. Every
+    reader takes the key's default (the behaviour the run had), says so in one line, and goes on."""
+    path = finished_run / 'ckpt.pt'
+    ckpt = torch.load(path, weights_only=True)
+    del ckpt['model_args']['init_spread'], ckpt['config']['init_spread']
+    torch.save(ckpt, path)
+    note = f"{path} predates model_args init_spread (read as its default 0.0)"
+    sampled = run_script('sample.py', f'--out_dir={finished_run}', '--num_samples=1', '--max_new_tokens=5',
+                         '--device=cpu', cwd=tiny_data_root)
+    assert sampled.returncode == 0 and note in sampled.stderr, sampled.stderr[-2000:]
+    analysed = run_script('analyze.py', finished_run, cwd=tiny_data_root)
+    assert analysed.returncode == 0 and (finished_run / 'analysis' / 'summary.md').is_file(), analysed.stderr[-2000:]
+    resumed = run_script('train.py', '--init_from=resume', f'--out_dir={finished_run}', '--max_iters=12',
+                         '--lr_decay_iters=12', cwd=tiny_data_root)
+    assert resumed.returncode == 0 and note in resumed.stderr, resumed.stderr[-2000:]
+    assert torch.load(path, weights_only=True)['model_args']['init_spread'] == 0.0  # saved whole again
+
+
+def test_a_checkpoint_from_a_newer_version_with_a_key_this_one_lacks_stays_refused(tiny_data_root, finished_run):
+    path = finished_run / 'ckpt.pt'
+    ckpt = torch.load(path, weights_only=True)
+    ckpt['model_args']['gate_init'] = 0.5
+    torch.save(ckpt, path)
+    result = run_script('sample.py', f'--out_dir={finished_run}', '--num_samples=1', '--device=cpu', cwd=tiny_data_root)
+    assert_one_line_error(result, "model_args has unknown keys 'gate_init'")
+
+
+@pytest.mark.parametrize('split', ['train', 'val'])
+def test_a_token_id_equal_to_vocab_size_is_refused_and_the_largest_valid_one_accepted(tmp_path, split):
+    """The id check at its boundary: vocab_size 4 holds ids 0–3, so 3 reads and 4 (one past) is one line."""
+    from common import UserError
+    from train import Data
+    plenty = [i % 4 for i in range(100)]
+    write_tokens(tmp_path / 'edge', plenty, plenty)  # the largest id, 3, is in both splits
+    assert Data(str(tmp_path), 'edge', 8, 2, 'cpu').n_tokens == {'train': 100, 'val': 100}
+    past = list(plenty)
+    past[50] = 4
+    write_tokens(tmp_path / 'past', *((past, plenty) if split == 'train' else (plenty, past)))
+    with pytest.raises(UserError) as e:
+        Data(str(tmp_path), 'past', 8, 2, 'cpu')
+    assert f"{split}.bin holds token id 4, but meta.json's vocab_size is 4" in str(e.value)
+
+
+def test_batches_reach_a_non_cuda_device_unpinned(tiny_data_root, monkeypatch):
+    """Pinned memory is CUDA's (the copy overlaps the step); on any other device (MPS, here the meta stand-in) a batch
+    is moved plainly, and on the CPU it stays as it was read."""
+    from sources import Data
+    monkeypatch.setattr(torch.Tensor, 'pin_memory', lambda self: pytest.fail('pinned off CUDA'))
+    for device in ('meta', 'cpu'):
+        x, y = Data(tiny_data_root, 'tiny', 8, 2, device).batch('train', torch.tensor([0, 5]))
+        assert x.device.type == y.device.type == device
+
+
+# ---------------------------------------------------------------------------------------------- a form with a key
+
+GATE_FIELD = "    gate_init: float = 0.0      # gated: the gate's start; c_I = 2σ(gate)·δγ (0: the corridor)\n"
+GATED_FORM = """    'gated':      OperatorForm(('gamma', 'delta', 'gate'), learnable=True,
+                               init=lambda g0, d0, config: (g0, d0, torch.full_like(g0, config.gate_init)),
+                               coefficients=lambda gamma, delta, gate: (2 * torch.sigmoid(gate) * delta * gamma, delta),
+                               keys=START + ('gate_init',)),
+"""
+
+
+@pytest.mark.slow
+def test_a_form_with_a_key_of_its_own_is_one_entry_and_one_field_and_older_runs_stay_readable(
+        tiny_data_root, finished_run, tmp_path):
+    """A copy of the repo with exactly two edits to model.py: a GPTConfig field and an OPERATORS entry that names it.
+    In it the form trains, --help explains its key, another form refuses the key in one line, the table-driven model
+    tests pass over every form (the new one included), and a run saved before the field existed (here, by the
+    unedited repo) samples, analyses and resumes."""
+    import shutil
+    copy = tmp_path / 'repo'
+    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns('.git', '.venv', '__pycache__', 'data', 'out*', 'sweeps*'))
+    source = (copy / 'model.py').read_text()
+    anchor = "    operator_lr_mult: float = 1.0"
+    field_line = next(line for line in source.splitlines(keepends=True) if line.startswith(anchor))
+    source = source.replace(field_line, field_line + GATE_FIELD)
+    table_end = source.index('\n}\n', source.index('OPERATORS = {')) + 1
+    (copy / 'model.py').write_text(source[:table_end] + GATED_FORM + source[table_end:])
+
+    def run(*args):
+        return subprocess.run([sys.executable, *map(str, args)], cwd=copy, capture_output=True, text=True,
+                              env={**os.environ, 'PYTHONPATH': str(copy)}, timeout=600)
+
+    tiny = [*TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', '--max_iters=4', '--eval_interval=4']
+    gated = run('train.py', *tiny, f'--out_dir={tmp_path / "gated"}', '--operator=gated', '--gate_init=0.5',
+                '--gamma_init=-0.2')
+    assert gated.returncode == 0, gated.stderr[-2000:]
+    start = read_log(tmp_path / 'gated')[0]['gamma']
+    assert all(g == pytest.approx(2 * torch.sigmoid(torch.tensor(0.5)).item() * -0.2, rel=1e-5) for row in start
+               for g in row)  # the gate starts where its key says
+    assert_one_line_error(run('train.py', *tiny, f'--out_dir={tmp_path / "c"}', '--operator=corridor',
+                              '--gate_init=0.5'), "operator='corridor' does not read gate_init", 'read by gated')
+    assert "gate_init=0.0" in run('train.py', '--help').stdout and "gated: the gate's start" in \
+        run('train.py', '--help').stdout
+    note = f"predates model_args gate_init (read as its default 0.0)"
+    for args in (('sample.py', f'--out_dir={finished_run}', '--num_samples=1', '--max_new_tokens=4', '--device=cpu'),
+                 ('analyze.py', finished_run),
+                 ('train.py', '--init_from=resume', f'--out_dir={finished_run}', '--max_iters=12',
+                  '--lr_decay_iters=12')):
+        result = run(*args)
+        assert result.returncode == 0 and note in result.stderr, (args, result.stderr[-2000:])
+    tests = run('-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-n', '0', 'tests/test_model.py', '-k',
+                'follow_the_table or fast_path_equals_math_path or future_tokens or scalar_gradients_match or '
+                'kv_cached_generation_equals or weight_decay_never')
+    assert tests.returncode == 0 and 'gated' in tests.stdout + run('-m', 'pytest', '--collect-only', '-q',
+                                                                   'tests/test_model.py').stdout, tests.stdout[-3000:]
