@@ -92,6 +92,9 @@ def plan_runs(parts, out_root, base, train_args, need_data=True):
 # the budget estimate's assumptions: H100 SXM dense bf16 peak, and the MFU nanoGPT-style training typically
 # reaches there with torch.compile (an assumption, not a measurement of this repo)
 PLAN_PEAK, PLAN_MFU = PEAK_FLOPS['H100']['bfloat16'], 0.40
+# ... and a floor per micro-step: a small model is bound by kernel launches and the host, not by FLOPs (a forward,
+# backward and AdamW step is some hundreds of kernels of ~10 µs each, compiled or not); 5 ms is an estimate too
+PLAN_MICRO_STEP_FLOOR = 0.005
 
 
 def dataset_vocab(config):
@@ -122,9 +125,10 @@ def print_plan(runs):
             flops = (4 if config['train_only'] == 'operator' else 6) * params  # no weight gradients when frozen
             prepared = os.path.isfile(os.path.join(config['data_root'], config['dataset'], 'meta.json'))
             vocab = vocab if prepared else 'its own'  # (not GPT-2's: dataset_vocab's guess for a BPE dataset)
-        hours = tokens * flops / (PLAN_MFU * PLAN_PEAK) / 3600
+        floor = config['max_iters'] * config['gradient_accumulation_steps'] * PLAN_MICRO_STEP_FLOOR / 3600
+        hours = max(tokens * flops / (PLAN_MFU * PLAN_PEAK) / 3600, floor)
         row = rows.setdefault(setting, dict(non_embedding=non_embedding, vocab=vocab, params=params if vocab else None,
-                                            tokens=tokens, hours=hours, runs=0, todo=0))
+                                            tokens=tokens, hours=hours, runs=0, todo=0, floor=hours == floor))
         row['runs'] += 1
         if run_state(out_dir) != 'done':
             row['todo'] += 1
@@ -138,9 +142,11 @@ def print_plan(runs):
             f"{r['params'] / 1e6:.0f}M" if r['params'] else 'its data not prepared yet'
         tokens = f"{r['tokens'] / 1e9:.2f}B" if r['tokens'] >= 1e9 else f"{r['tokens'] / 1e6:.2f}M"
         print(f"| {setting} | {millions(r['non_embedding'])} | {counted} | {tokens} ({r['tokens'] / r['non_embedding']:.3g} "
-              f"per non-embedding parameter) | {r['hours']:.3g} | "
+              f"per non-embedding parameter) | {r['hours']:.3g}{' (step-latency floor)' * r['floor']} | "
               f"{r['runs']} | {r['todo']} |")
-    print(f"\ntotal to train: {total:.3g} H100 hours (at {PLAN_MFU:.0%} MFU of {PLAN_PEAK / 1e12:.0f} TFLOP/s bf16)")
+    print(f"\ntotal to train: {total:.3g} H100 hours, estimated: at {PLAN_MFU:.0%} MFU of {PLAN_PEAK / 1e12:.0f} "
+          f"TFLOP/s bf16, and at least {PLAN_MICRO_STEP_FLOOR * 1000:.0f} ms a micro-step (a small model waits on its "
+          f"kernel launches, not its FLOPs)")
 
 
 def train_all(runs, parallel, gpus_per_run=1):
