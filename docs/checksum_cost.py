@@ -1,4 +1,4 @@
-"""What the checkpoint checksums cost (issue 49): a 45M-parameter GPT's weights and AdamW moments (538 MB).
+"""What the checkpoint checksums cost: a 45M-parameter GPT's weights and AdamW moments (538 MB).
 The checksums are the CRC-32 torch.save writes beside each record of its zip (on by default); corridor-gpt adds none
 of its own, so a save costs what it costs. This measures, medians of six, interleaved:
   - a durable save (common.save_checkpoint) with torch's CRC-32 on (the default) and off: what the CRC costs a save,
