@@ -1,6 +1,7 @@
 """
-What train.py's loop stands on, one call each: the run's processes (DDP; faults in one line), its folder (a lock,
-config.json, log.jsonl), its checkpoint (all an exact resume needs), its stops (Ctrl-C, SIGTERM), speed and ETA.
+What train.py's loop stands on, one call each: the run's data (prepared on demand) and init_from's operator, its
+processes (DDP; faults in one line), its folder (a lock, config.json, log.jsonl), its checkpoint (all an exact resume
+needs), its stops (Ctrl-C, SIGTERM), speed and ETA, its last line.
 """
 
 import ast
@@ -9,6 +10,7 @@ import math
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from contextlib import contextmanager, suppress
@@ -21,7 +23,7 @@ from tqdm import tqdm
 
 from common import (UserError, WriteFailed, atomic_write, check_device, describe_os_error, device_rng_state,
                     set_device_rng_state, synchronize)
-from model import OPERATOR_KEYS, in_corridor
+from model import OPERATOR_DEFAULTS, OPERATOR_KEYS, in_corridor
 from sources import load_checkpoint, read_log
 
 
@@ -62,6 +64,44 @@ def processes(cfg):
     if ddp:  # without the barrier, rank 1 once aborted at exit (gloo's threads) while rank 0 was still saving
         dist.barrier()
         dist.destroy_process_group()
+
+
+# small known datasets (~1 MB of text) prepared when missing, so the quick start is one command (OpenWebText: 17 GB)
+PREPARED_ON_DEMAND = ('shakespeare_char', 'shakespeare')
+
+
+def prepare_if_missing(cfg):
+    """Run `prepare.py DATASET` (as a user would: a separate process) for a small known dataset with no meta.json."""
+    folder = os.path.join(cfg.data_root, cfg.dataset)
+    if cfg.dataset not in PREPARED_ON_DEMAND or os.path.isfile(os.path.join(folder, 'meta.json')):
+        return
+    print(f"{folder} is missing: preparing it first (python prepare.py {cfg.dataset} --data_root={cfg.data_root})")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'prepare.py')
+    result = subprocess.run([sys.executable, script, cfg.dataset, f'--data_root={cfg.data_root}'],
+                            stderr=subprocess.PIPE, text=True)
+    if result.returncode:  # prepare.py's own one line, which names what to do (offline: its --input PATH)
+        reason = (result.stderr.strip().splitlines() or ['no message'])[-1].removeprefix('error: ')
+        raise UserError(f"preparing {folder} failed: {reason}")
+
+
+def run_folder_operator(cfg):
+    """The operator keys to build init_from with: the configured ones; for a run folder, its own (its weights hold
+    that operator's scalars), unless a key set away from its default contradicts them (one line); then cfg's keys
+    follow, so the saved config tells the truth. operator_lr_mult, a training setting, stays the configured one."""
+    configured = {k: getattr(cfg, k) for k in OPERATOR_KEYS}
+    path = os.path.join(cfg.init_from, 'ckpt.pt')
+    if not os.path.isfile(path):
+        return configured
+    saved = load_checkpoint(path, mmap=True, purpose='info')['model_args']
+    own = [k for k in OPERATOR_KEYS if k != 'operator_lr_mult']
+    contradicting = [k for k in own if configured[k] != OPERATOR_DEFAULTS[k] and configured[k] != saved[k]]
+    if contradicting:
+        raise UserError(f"{cfg.init_from} was trained with " + ', '.join(f"{k}={saved[k]!r}" for k in contradicting)
+                        + ": its weights hold that operator; leave " + ', '.join(f"--{k}" for k in contradicting)
+                        + " unset, or start from scratch")
+    for key in own:
+        setattr(cfg, key, saved[key])
+    return {**configured, **{k: saved[k] for k in own}}
 
 
 def wrap_ddp(model, device):

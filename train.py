@@ -14,7 +14,6 @@ at the end of the iteration and stops; a second aborts. Around the loop, one cal
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from contextlib import ExitStack, nullcontext
@@ -147,44 +146,6 @@ def resolve_config(argv):
     return cfg, ckpt
 
 
-# small known datasets (~1 MB of text) prepared when missing, so the quick start is one command (OpenWebText: 17 GB)
-PREPARED_ON_DEMAND = ('shakespeare_char', 'shakespeare')
-
-
-def prepare_if_missing(cfg):
-    """Run `prepare.py DATASET` (as a user would: a separate process) for a small known dataset with no meta.json."""
-    folder = os.path.join(cfg.data_root, cfg.dataset)
-    if cfg.dataset not in PREPARED_ON_DEMAND or os.path.isfile(os.path.join(folder, 'meta.json')):
-        return
-    print(f"{folder} is missing: preparing it first (python prepare.py {cfg.dataset} --data_root={cfg.data_root})")
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'prepare.py')
-    result = subprocess.run([sys.executable, script, cfg.dataset, f'--data_root={cfg.data_root}'],
-                            stderr=subprocess.PIPE, text=True)
-    if result.returncode:  # prepare.py's own one line, which names what to do (offline: its --input PATH)
-        reason = (result.stderr.strip().splitlines() or ['no message'])[-1].removeprefix('error: ')
-        raise UserError(f"preparing {folder} failed: {reason}")
-
-
-def run_folder_operator(cfg):
-    """The operator keys to build init_from with: the configured ones; for a run folder, its own (its weights hold
-    that operator's scalars), unless a key set away from its default contradicts them (one line); then cfg's keys
-    follow, so the saved config tells the truth. operator_lr_mult, a training setting, stays the configured one."""
-    configured = {k: getattr(cfg, k) for k in OPERATOR_KEYS}
-    path = os.path.join(cfg.init_from, 'ckpt.pt')
-    if not os.path.isfile(path):
-        return configured
-    saved = load_checkpoint(path, mmap=True, purpose='info')['model_args']
-    own = [k for k in OPERATOR_KEYS if k != 'operator_lr_mult']
-    contradicting = [k for k in own if configured[k] != OPERATOR_DEFAULTS[k] and configured[k] != saved[k]]
-    if contradicting:
-        raise UserError(f"{cfg.init_from} was trained with " + ', '.join(f"{k}={saved[k]!r}" for k in contradicting)
-                        + ": its weights hold that operator; leave " + ', '.join(f"--{k}" for k in contradicting)
-                        + " unset, or start from scratch")
-    for key in own:
-        setattr(cfg, key, saved[key])
-    return {**configured, **{k: saved[k] for k in own}}
-
-
 def build_model(cfg, data, ckpt):
     """The model to train: from the checkpoint, from scratch, or a pretrained one (OpenAI's GPT-2 as our GPT, another
     causal LM as lab.pretrained.PretrainedLM) with the configured operator; with train_only='operator', every weight but the
@@ -196,7 +157,7 @@ def build_model(cfg, data, ckpt):
         model = GPT(model_config({**vars(cfg), 'vocab_size': data.meta['vocab_size']}))
         model.source = None
     else:
-        model, _ = load_model(cfg.init_from, dropout=cfg.dropout, **run_folder_operator(cfg))
+        model, _ = load_model(cfg.init_from, dropout=cfg.dropout, **run.run_folder_operator(cfg))
         if cfg.dropout and not isinstance(model, GPT):
             raise UserError(f"dropout: {cfg.init_from} keeps its own (attention_dropout in its config.json); leave "
                             f"--dropout at 0")
@@ -351,7 +312,7 @@ def train(argv, held):
     torch.manual_seed(cfg.seed)  # the same initial model on every rank (below)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     if not ddp:  # (under torchrun, prepare first: ranks would race to write the same folder)
-        prepare_if_missing(cfg)
+        run.prepare_if_missing(cfg)
     data = Data(cfg.data_root, cfg.dataset, cfg.block_size, cfg.batch_size, device)
     # Every process draws the same global batch from this generator and takes its own rows of it, so a DDP run
     # sees exactly the batches of one process with the same gradient_accumulation_steps.

@@ -66,7 +66,7 @@ MEDIUM = dict(n_layer=6, n_head=6, n_embd=192)   # 2.65M
 # (the connection-walk geometry is logged at every evaluation: walk_interval = eval_interval)
 X2 = dict(max_iters=2400, lr_decay_iters=2400, eval_interval=400, walk_interval=400)                  # 1.8M tokens
 # four times the base budget (3.7M tokens, ~3.7 epochs of either corpus): the budget where a learnable γ has had time
-# to move (issue 48); evaluations every 400 iterations, no walk (it is the geometry study's, not this question's)
+# to move; evaluations every 400 iterations, no walk (it is the geometry study's, not this question's)
 X4 = dict(max_iters=4800, lr_decay_iters=4800, eval_interval=400, walk_interval=0)
 # longer budgets than X4 for attention alone, each its own cosine to its end (warmup and evaluations as X4's): the
 # token multiplier, how many more tokens attention needs to reach the corridor's loss at X4 (its fit on log tokens)
@@ -97,9 +97,8 @@ def non_embedding_params(config):
 # and width grow together, 24–28 dimensions a head), each trained on LADDER_TOKENS_PER_PARAMETER tokens per
 # non-embedding parameter, so that size is not confounded with budget. The ratio is set by both ends: the largest
 # must fit (4: 4.7M tokens, ~20 min a run on one free core, the whole ladder ~2 h of 2 cores; Chinchilla's 20
-# would take 100 min a run), and the smallest must still train (at 4 it gets 300 iterations, 3× its warmup). The
-# first version of the ladder (0.10M–2.66M) was planned at ~3 h; its measured time an iteration put it at ~5 h of
-# 2 cores (75 min per largest run), too long for a sitting. Up to 5 epochs of Tiny Shakespeare's 1.0M characters:
+# would take 100 min a run), and the smallest must still train (at 4 it gets 300 iterations, 3× its warmup); a
+# ladder to 2.66M would take ~5 h of 2 cores (75 min per largest run). Up to 5 epochs of Tiny Shakespeare's 1.0M characters:
 # dropout 0.1 at every size. Learning rate, batch and context as the base.
 LADDER_TOKENS_PER_PARAMETER = 4
 LADDER_SIZES = {'ladder-xs': (2, 2, 48), 'ladder-s': (3, 3, 72), 'ladder-m': (4, 4, 96), 'ladder-l': (5, 5, 140)}
@@ -229,7 +228,7 @@ STUDIES = {
     'corridor_settled': Study(
         "Claim (a) where γ has settled: at 4× the base budget, does the learnable corridor beat attention?",
         # one part per seed and corpus, so that the corpora advance together: a study stopped part-way (it takes
-        # more than one sitting of 2 cores) has the same seeds on both
+        # many hours of 2 cores) has the same seeds on both
         parts=tuple(Part(f'{corpus}/small-x4', SETTLED, 1, first_seed=seed)
                     for seed in range(300, 324) for corpus in ('wikitext2_char', 'shakespeare_char')),
         gpu_parts=()),

@@ -298,11 +298,11 @@ MUTANTS = [
            ('tests/test_docs.py::test_the_per_seed_readers_refuse_a_file_that_repeats_a_run_a_layer_or_a_batch',)),
     Mutant('appended_run_may_change', 'docs/results_recomputed.py',
            "if any(old[k][c] not in ('', new[k][c]) and new[k][c] != '' for c in old_fields if c != 'seconds'):",
-           "if False:", ('tests/test_docs.py::test_a_later_sittings_report_is_appended_to_a_studys_files_in_the_reports_'
-                         'order_and_never_changes_a_run',)),
+           "if False:", ('tests/test_docs.py::test_a_later_report_is_appended_to_a_studys_files_in_the_reports_order_'
+                         'and_never_changes_a_run',)),
     Mutant('appended_run_unplanned', 'docs/results_recomputed.py', "for k in new if k[:3] not in planned)",
-           "for k in new if k[:3] in ())", ('tests/test_docs.py::test_a_later_sittings_report_is_appended_to_a_studys_'
-                                            'files_in_the_reports_order_and_never_changes_a_run',)),
+           "for k in new if k[:3] in ())", ('tests/test_docs.py::test_a_later_report_is_appended_to_a_studys_files_'
+                                            'in_the_reports_order_and_never_changes_a_run',)),
     Mutant('figure_mixes_settings', 'docs/results_recomputed.py',
            "(comparison_label(v, role), seed_pairs(runs, setting, v, 'attention'))",
            "(comparison_label(v, role), seed_pairs(runs, next(iter(runs))[0], v, 'attention'))",

@@ -371,7 +371,7 @@ def test_the_ladders_table_and_its_two_fits_on_size_from_a_per_seed_file():
 
 
 def test_the_per_seed_readers_refuse_a_file_that_repeats_a_run_a_layer_or_a_batch(tmp_path, monkeypatch):
-    """A study gathered over sittings appends rows: a row appended twice would pass as one more seed (or layer, or
+    """A study gathered in parts appends rows: a row appended twice would pass as one more seed (or layer, or
     batch). Each reader returns its rows keyed (layers in layer order, batches in batch order) and names the repeat."""
     module = recomputed_module()
     monkeypatch.setattr(module, 'PER_SEED', str(tmp_path))
@@ -396,7 +396,7 @@ def test_the_per_seed_readers_refuse_a_file_that_repeats_a_run_a_layer_or_a_batc
         module.read_frozen('s', 'a')  # γ as a number: −0.0 is 0.0
 
 
-def test_a_later_sittings_report_is_appended_to_a_studys_files_in_the_reports_order_and_never_changes_a_run(
+def test_a_later_report_is_appended_to_a_studys_files_in_the_reports_order_and_never_changes_a_run(
         tmp_path, monkeypatch):
     """--append: the published file appended to itself comes back byte for byte; more runs of the study land in the
     report's order (settings in the study's order, seed, variant; layers by layer) in the per-seed file and its side

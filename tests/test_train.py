@@ -1164,17 +1164,17 @@ def test_the_log_lines_shares_count_the_heads_strictly_inside_each_interval_over
     assert operator_summary(attention) == ''  # no scalars, no "0 % of heads"
 
 
-def test_prepare_on_demand_offline_names_the_prepare_command_that_takes_a_local_copy(monkeypatch, tmp_path):
-    import train as train_module
+def test_a_failed_prepare_on_demand_is_prepare_pys_own_one_line(monkeypatch, tmp_path):
+    import run as run_module
     from common import UserError
     from types import SimpleNamespace
     failed = subprocess.CompletedProcess([], 2, '', 'error: data/tinyshakespeare.txt is missing: restore it with '
                                                     '`git checkout -- data/tinyshakespeare.txt`, or pass a copy with '
                                                     f'--input PATH --data_root={tmp_path}\n')
-    monkeypatch.setattr(train_module.subprocess, 'run', lambda *a, **k: failed)
+    monkeypatch.setattr(run_module.subprocess, 'run', lambda *a, **k: failed)
     cfg = SimpleNamespace(dataset='shakespeare_char', data_root=str(tmp_path))
     with pytest.raises(UserError) as e:
-        train_module.prepare_if_missing(cfg)
+        run_module.prepare_if_missing(cfg)
     assert str(e.value).endswith(f"or pass a copy with --input PATH --data_root={tmp_path}")
 
 
