@@ -20,7 +20,7 @@ whole suite (11+ min) to map tests to functions; this generator is its operator 
 copy of the repo (tests/mutants.py's copy_repo), so every test sees the mutant the way it sees the code.
 
 Result per mutant: killed (a selected test failed, or it ran past its timeout), SURVIVED (all passed: a missing test,
-or an equivalent mutant: docs/tests.md gives each kept survivor's reason), ERROR (pytest itself broke, or nothing
+or an equivalent mutant: EQUIVALENT below gives each kept survivor's reason), ERROR (pytest itself broke, or nothing
 selected). Exit status 1 if anything survived that EQUIVALENT below does not name.
 """
 
@@ -83,7 +83,7 @@ TARGETS = [
 ]
 
 # survivors triaged as equivalent, by key: 'file|the line, stripped|the mutation|its occurrence among equal ones'
-# -> why no test can tell it from the code (docs/tests.md lists them and the one survivor kept without a test)
+# -> why no test can tell it from the code
 EQUIVALENT = {
     'model.py|def forward(self, x, cache=None, return_probs=False):|False -> True|0':
         'every caller passes return_probs; the default is never used',
