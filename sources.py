@@ -211,17 +211,20 @@ def check_checkpoint(ckpt, path, purpose, saved_crcs=None, changed=()):
         raise UserError(f"{path} is a nanoGPT checkpoint (no operator keys, no tokenizer meta): corridor-gpt reads its "
                         f"own run folders and pretrained models; for OpenAI's weights use --init_from=gpt2")
     try:
-        check_read_keys(ckpt, path, purpose, saved_crcs)
+        defaulted = check_read_keys(ckpt, path, purpose, saved_crcs)
     except ValueError as e:
         raise UserError(f"{path} is not a checkpoint this version of corridor-gpt reads: {e}; nothing in it is used "
                         f"(restore it from a copy, or train again)") from None
-    if purpose != 'resume':
-        return
-    try:
-        check_resume_keys(ckpt, saved_crcs, changed)
-    except ValueError as e:
-        raise UserError(f"{path} cannot resume the run: {e}; its weights are intact: sample or analyze it, or start "
-                        f"a new run from them with --init_from={folder}") from None
+    if purpose == 'resume':
+        try:
+            check_resume_keys(ckpt, saved_crcs, changed)
+        except ValueError as e:
+            raise UserError(f"{path} cannot resume the run: {e}; its weights are intact: sample or analyze it, or "
+                            f"start a new run from them with --init_from={folder}") from None
+    note = f"{path} predates model_args " + ', '.join(f"{k} (read as {ckpt['model_args'][k]!r})" for k in defaulted)
+    if defaulted and note not in NOTED:  # said once a process, and only of a checkpoint that is read
+        NOTED.add(note)
+        print(note, file=sys.stderr)
 
 
 def check_read_keys(ckpt, path, purpose, saved_crcs=None):
@@ -242,7 +245,8 @@ def check_read_keys(ckpt, path, purpose, saved_crcs=None):
         raise ValueError(f"iter_num is {ckpt['iter_num']}")
     if ckpt.get('weights', 'all') not in ('all', 'operator'):
         raise ValueError(f"weights is {ckpt['weights']!r}, not 'all' or 'operator'")
-    args = check_model_args(ckpt['model_args'], path)
+    args = ckpt['model_args']
+    defaulted = check_model_args(args, ckpt['config'])
     try:
         check_meta(ckpt['meta'])
     except ValueError as e:
@@ -258,6 +262,7 @@ def check_read_keys(ckpt, path, purpose, saved_crcs=None):
     check_weights(ckpt, args)
     if purpose != 'info':
         check_tensors(ckpt, ('model',), saved_crcs)
+    return defaulted
 
 
 def type_name(kind):
@@ -265,22 +270,20 @@ def type_name(kind):
 
 
 NOTED = set()
+SHAPING_KEYS = ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'bias', 'operator')  # every version's
 
 
-def check_model_args(args, path):
+def check_model_args(args, config):
     """model_args as GPTConfig's fields, each of its default's type (a float may be an int), values a model can have.
-    A field the checkpoint lacks (added to GPTConfig after it was saved) takes its default, which by GPTConfig's rule
-    is the behaviour the run had, and one line says so; a field GPTConfig lacks (a newer version's) is refused."""
+    A field it lacks (added to GPTConfig after it was saved) takes the run config's value, or else its default, which
+    by GPTConfig's rule is the behaviour the run had: returns those fields. One GPTConfig lacks is refused."""
     fields = GPTConfig.__dataclass_fields__
     unknown, missing = sorted(set(args) - set(fields)), [key for key in fields if key not in args]
     if unknown:
         raise ValueError(f"model_args has unknown keys {', '.join(map(repr, unknown))} (written by a newer version?)")
-    if missing:
-        args.update({key: fields[key].default for key in missing})
-        note = f"{path} predates model_args " + ', '.join(f"{k} (read as its default {args[k]!r})" for k in missing)
-        if note not in NOTED:  # once a process, however often the file is read
-            NOTED.add(note)
-            print(note, file=sys.stderr)
+    if any(key in SHAPING_KEYS for key in missing):  # no default can stand in for the shape of saved weights
+        raise ValueError(f"model_args lacks {', '.join(repr(k) for k in missing if k in SHAPING_KEYS)}")
+    args.update({key: config.get(key, fields[key].default) for key in missing})
     for key, field in fields.items():
         value, default = args[key], field.default
         if not (type(value) is type(default) or type(default) is float and type(value) is int):
@@ -289,7 +292,7 @@ def check_model_args(args, path):
         model_config(args, saved=True)
     except UserError as e:
         raise ValueError(f"model_args: {e}") from None
-    return args
+    return missing
 
 
 def check_weights(ckpt, args):

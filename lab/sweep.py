@@ -142,8 +142,11 @@ def print_plan(runs):
             f"{r['params'] / 1e6:.0f}M" if r['params'] else 'its data not prepared yet'
         tokens = f"{r['tokens'] / 1e9:.2f}B" if r['tokens'] >= 1e9 else f"{r['tokens'] / 1e6:.2f}M"
         print(f"| {setting} | {millions(r['non_embedding'])} | {counted} | {tokens} ({r['tokens'] / r['non_embedding']:.3g} "
-              f"per non-embedding parameter) | {r['hours']:.3g}{' (step-latency floor)' * r['floor']} | "
+              f"per non-embedding parameter) | {r['hours']:.3g} | "
               f"{r['runs']} | {r['todo']} |")
+    floored = [setting for setting, r in rows.items() if r['floor']]
+    if floored:
+        print(f"\nat the step-latency floor, not FLOPs: {', '.join(floored)}")
     print(f"\ntotal to train: {total:.3g} H100 hours, estimated: at {PLAN_MFU:.0%} MFU of {PLAN_PEAK / 1e12:.0f} "
           f"TFLOP/s bf16, and at least {PLAN_MICRO_STEP_FLOOR * 1000:.0f} ms a micro-step (a small model waits on its "
           f"kernel launches, not its FLOPs)")

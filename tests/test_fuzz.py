@@ -139,7 +139,9 @@ def test_a_seeded_sample_of_corrupt_files_is_one_line_or_a_correct_run(trained_r
     chosen = random.Random(SEED).sample(every, 30)
     outcomes = [check_case(case, trained_run, tiny_data_root, tmp_path_factory.mktemp('case'), capsys, monkeypatch)
                 for case in chosen]
-    assert outcomes.count('refused') >= 20  # most corruptions are refused, not run on
+    # most corruptions are refused, not run on; a model key dropped from model_args that GPTConfig can default (not
+    # one that shapes the weights) runs, as a checkpoint saved before that key existed does
+    assert outcomes.count('refused') >= 18
 
 
 @pytest.mark.slow

@@ -1291,7 +1291,7 @@ def test_a_checkpoint_saved_before_a_model_key_existed_samples_analyses_and_resu
     ckpt = torch.load(path, weights_only=True)
     del ckpt['model_args']['init_spread'], ckpt['config']['init_spread']
     torch.save(ckpt, path)
-    note = f"{path} predates model_args init_spread (read as its default 0.0)"
+    note = f"{path} predates model_args init_spread (read as 0.0)"  # GPTConfig's default: the config lacks it too
     sampled = run_script('sample.py', f'--out_dir={finished_run}', '--num_samples=1', '--max_new_tokens=5',
                          '--device=cpu', cwd=tiny_data_root)
     assert sampled.returncode == 0 and note in sampled.stderr, sampled.stderr[-2000:]
@@ -1380,7 +1380,7 @@ def test_a_form_with_a_key_of_its_own_is_one_entry_and_one_field_and_older_runs_
                               '--gate_init=0.5'), "operator='corridor' does not read gate_init", 'read by gated')
     assert "gate_init=0.0" in run('train.py', '--help').stdout and "gated: the gate's start" in \
         run('train.py', '--help').stdout
-    note = f"predates model_args gate_init (read as its default 0.0)"
+    note = "predates model_args gate_init (read as 0.0)"
     for args in (('sample.py', f'--out_dir={finished_run}', '--num_samples=1', '--max_new_tokens=4', '--device=cpu'),
                  ('analyze.py', finished_run),
                  ('train.py', '--init_from=resume', f'--out_dir={finished_run}', '--max_iters=12',
