@@ -1,7 +1,8 @@
-# A 0.8M-parameter character-level GPT on Tiny Shakespeare: val loss ~1.9 in about 4 minutes on 2 CPU cores.
+# A 0.8M-parameter character-level GPT on Tiny Shakespeare: val loss ~1.91 after 2,000 iterations,
+# 2 min 10 s on 2 CPU cores (preparing its data included).
 #   python train.py configs/shakespeare_char.py --operator=corridor             # -> out-shakespeare-char/
-# (train.py runs `python prepare.py shakespeare_char` first when data/shakespeare_char is missing; offline, prepare
-# it yourself from a local copy: python prepare.py shakespeare_char --input path/to/tinyshakespeare.txt)
+# (train.py runs `python prepare.py shakespeare_char` first when data/shakespeare_char is missing: from the copy of
+# Tiny Shakespeare that ships in data/, no network needed)
 # Any operator of model.py's table is one --operator=... (and its keys) away; lab/sweep.py's VARIANTS names the
 # paper's ablations.
 out_dir = 'out-shakespeare-char'
