@@ -46,7 +46,7 @@ DEFAULTS = dict(
     walk_seqs=32,                  # ... on this many fixed validation sequences of min(64, block_size) tokens
     wandb_log=False,               # also log to Weights & Biases what log.jsonl gets
     wandb_project='corridor-gpt',  # Weights & Biases project
-    wandb_run_name='run',          # ... and run name
+    wandb_run_name='run',          # Weights & Biases run name
     # data: data_root/dataset/{train,val}.bin from prepare.py
     data_root='data',              # where prepare.py wrote the datasets
     dataset='openwebtext',         # the folder under data_root (shakespeare_char, wikitext2_char, openwebtext, ...)
@@ -66,8 +66,8 @@ DEFAULTS = dict(
     max_iters=600000,              # optimizer steps in the run
     weight_decay=1e-1,             # on the ≥2-D weights only (not the operator's scalars: model.configure_optimizers)
     label_smoothing=0.0,           # the training loss's (model.lm_loss); evaluations report plain cross-entropy
-    beta1=0.9,                     # AdamW's moment decay rates
-    beta2=0.95,                    # ...
+    beta1=0.9,                     # AdamW's decay rate of the gradient's mean
+    beta2=0.95,                    # ... and of its square
     grad_clip=1.0,                 # 0: no clipping
     # learning rate: linear warmup, cosine decay to min_lr at lr_decay_iters
     decay_lr=True,                 # False: learning_rate throughout
