@@ -71,9 +71,6 @@ BANDWIDTH = {'H100 SXM': 3.35e12, 'H200': 4.8e12}
 ASSUMED_MFU = (0.35, 0.50)
 
 
-sync = synchronize  # common's: CUDA and MPS run ahead of the host
-
-
 class Memory:
     """Peak memory of what runs inside `with Memory(device) as m:`, in bytes (see the module docstring)."""
 
@@ -87,7 +84,7 @@ class Memory:
 
     def __enter__(self):
         if self.device.startswith('cuda'):
-            sync(self.device)
+            synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = torch.cuda.memory_allocated(self.device)
         else:
@@ -97,7 +94,7 @@ class Memory:
 
     def __exit__(self, *exc):
         if self.device.startswith('cuda'):
-            sync(self.device)
+            synchronize(self.device)
             self.bytes = torch.cuda.max_memory_allocated(self.device) - self.base
         else:
             self.hooks.__exit__(*exc)
@@ -105,11 +102,11 @@ class Memory:
 
 
 def timed(fn, device, repeats=1):
-    sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     for _ in range(repeats):
         fn()
-    sync(device)
+    synchronize(device)
     return (time.perf_counter() - t0) / repeats
 
 
