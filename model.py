@@ -298,12 +298,11 @@ class GPT(nn.Module):
         group as 'lr_mult' for the schedule."""
         operator = {id(p) for p in self.operator_parameters()}
         params = [p for p in self.parameters() if p.requires_grad]
-        groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay, lr_mult=1.0),
-                  dict(params=[p for p in params if p.dim() < 2 and id(p) not in operator], weight_decay=0.0,
-                       lr_mult=1.0),
-                  dict(params=[p for p in params if id(p) in operator], weight_decay=0.0,
-                       lr_mult=self.config.operator_lr_mult)]
-        groups = [dict(g, lr=learning_rate * g['lr_mult']) for g in groups if g['params']]
+        groups = [([p for p in params if p.dim() >= 2], weight_decay, 1.0),
+                  ([p for p in params if p.dim() < 2 and id(p) not in operator], 0.0, 1.0),
+                  ([p for p in params if id(p) in operator], 0.0, self.config.operator_lr_mult)]
+        groups = [dict(params=ps, weight_decay=decay, lr_mult=mult, lr=learning_rate * mult)
+                  for ps, decay, mult in groups if ps]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
 
     @torch.no_grad()
