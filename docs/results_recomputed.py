@@ -43,9 +43,13 @@ FIRST_RUN = {'corridor': (3.5145, 3.5700), 'δ only': (3.5511, 3.6036), 'frozen 
 
 
 def verdict_words(test, p_holm):
+    """'**lower**' / '**higher**' when the Holm p is below 5 %, else 'inconclusive (within ±X)', X the 95 % CI's bound
+    farthest from zero: the data rule out a larger difference."""
+    if not math.isfinite(test.p):
+        return 'no test'  # one seed: no spread to test against
     if p_holm < 0.05:
         return '**lower**' if test.mean < 0 else '**higher**'
-    return f"inconclusive: no effect larger than {max(abs(test.low), abs(test.high)):.2g}"
+    return f"inconclusive (within ±{max(abs(test.low), abs(test.high)):.2g})"
 
 
 def rows(cells, family_of):
@@ -64,7 +68,7 @@ def rows(cells, family_of):
     return out
 
 
-HEADER = ["| comparison | corpus | seeds | mean ± SD (stated) | 95 % CI | p | Holm p (family size) | MDE, 80 % | verdict |",
+HEADER = ["| comparison | corpus | seeds | mean ± SD (stated) | 95 % CI | p | Holm p (m) | MDE | verdict |",
           "|---|---|---|---|---|---|---|---|---|"]
 
 
@@ -146,8 +150,9 @@ def per_seed_cells(study, runs):
 
 
 def per_seed_sections():
-    """A section per published study: its runs, every cell recomputed from the per-seed file."""
-    out = []
+    """A section per published study: its runs, every cell recomputed from the per-seed file. A variant's final losses
+    already printed for the same runs (a study sharing another's) are named, not repeated."""
+    out, printed = [], {}
     for path in sorted(glob.glob(os.path.join(PER_SEED, '*.csv'))):
         study = os.path.splitext(os.path.basename(path))[0]
         if study.endswith(('_walk', '_layers', '_frozen', '_curves')):  # the walk (walk_section), per-layer, per-batch,
@@ -155,14 +160,13 @@ def per_seed_sections():
             continue
         runs = read_file(study)
         cells = per_seed_cells(study, runs)
-        out += [f"## `{study}` from its per-seed file ({len(runs)} runs; [per_seed/{study}.csv](per_seed/{study}.csv))", '']
+        out += [f"## `{study}`: {len(runs)} runs ([per_seed/{study}.csv](per_seed/{study}.csv))", '']
         have, planned = planned_runs(study, runs)
         if have < planned:
-            out += [f"**Interim: {have} of its {planned} planned runs.** The cells below are a look at the runs "
-                    "so far, not the study's pre-registered tests, which are read once every run is in.", '']
+            out += [f"**Interim: {have} of its {planned} planned runs**, not yet the study's pre-registered tests.", '']
         if cells:
-            out += ["| setting | comparison | seeds | mean [95 % CI] | p | Holm p (family size) | MDE, 80 % | seeds below "
-                    "0 | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+            out += ["| setting | variant − attention | seeds | mean [95 % CI] | p | Holm p (m) | MDE | below 0 | verdict |",
+                    "|---|---|---|---|---|---|---|---|---|"]
         elif study in SECTIONS:  # its runs pair with another study's: its own lines, after the final losses
             out.append("Its runs pair with another study's: the final losses, then its own estimates.")
         elif study in PAGES:  # its cells are not against attention: its renderer's, on its own page
@@ -170,23 +174,37 @@ def per_seed_sections():
                        f"[{PAGES[study]}]({PAGES[study]})" + (" once every planned run is in" if have < planned else "")
                        + ". The final losses:")
         else:
-            out.append("No attention run to pair with: the final losses only.")
+            out.append("No attention run: the final losses only.")
+        repeated = {}
         for setting, a, b, t, p_holm, m, below in cells:
             if t.n > 1:
                 tested = (f"{t.mean:+.5f} [{t.low:+.5f}, {t.high:+.5f}] | {fmt_p(t.p)} | {fmt_p(p_holm)} ({m}) | "
-                          f"{t.mde:.5f} | {below} of {t.n} | {verdict_words(t, p_holm)}")
+                          f"{t.mde:.5f} | {below}/{t.n} | {verdict_words(t, p_holm)}")
             else:  # one difference, no spread to test it against
-                tested = f"{t.mean:+.5f} | – | – | – | {below} of 1 | no test (one seed)"
-            out.append(f"| {setting} | {a} − {b} | {t.n} | {tested} |")
+                tested = f"{t.mean:+.5f} | – | – | – | {below}/1 | {verdict_words(t, p_holm)}"
+            row = f"| {setting} | {a if b == 'attention' else f'{a} − {b}'} | {t.n} | {tested} |"
+            first = printed.setdefault(row, study)  # the same runs, tested in the same family, in an earlier section
+            if first == study:
+                out.append(row)
+            else:
+                repeated.setdefault(first, {})[a if b == 'attention' else f'{a} − {b}'] = None
+        out += [f"\nAs in `{first}`, not repeated: {', '.join(rows)}." for first, rows in repeated.items()]
         for setting in dict.fromkeys(s for s, _, _ in runs):
-            means = []
+            means, shared = [], {}
             for variant in dict.fromkeys(v for s, v, _ in runs if s == setting):
+                rows_of = [r for (s, v, _), r in sorted(runs.items()) if (s, v) == (setting, variant)]
+                first, seen = printed.setdefault((setting, variant), (study, rows_of))
+                if first != study and seen == rows_of:
+                    shared.setdefault(first, []).append(variant)
+                    continue
                 losses = column(runs, setting, variant)
                 sd = f" ± {statistics.stdev(losses):.4f}" if len(losses) > 1 else ''
-                means.append(f"{variant} {statistics.fmean(losses):.4f}{sd} (γ̄ "
-                             f"{statistics.fmean(column(runs, setting, variant, 'gamma_mean')):+.3f}, δ̄ "
-                             f"{statistics.fmean(column(runs, setting, variant, 'delta_mean')):.3f})")
-            out += ['', f"{setting}, final val loss (mean ± SD over seeds): " + '; '.join(means)]
+                gammas, deltas = (column(runs, setting, variant, key) for key in ('gamma_mean', 'delta_mean'))
+                held = variant == 'attention' or len(gammas) > 1 and len(set(gammas)) == len(set(deltas)) == 1  # a fixed γ
+                scalars = '' if held else f" (γ̄ {statistics.fmean(gammas):+.3f}, δ̄ {statistics.fmean(deltas):.3f})"
+                means.append(f"{variant} {statistics.fmean(losses):.4f}{sd}{scalars}")
+            means += [f"{', '.join(variants)}: as in `{first}`" for first, variants in shared.items()]
+            out += ['', f"{setting}: " + '; '.join(means)]
         out.append('')
         if study in SECTIONS:
             out += SECTIONS[study](runs)
@@ -224,9 +242,9 @@ def column(runs, setting, variant, key='val_loss'):
 CORPORA = {'shakespeare_char': TS, 'wikitext2_char': WT}
 # prepare.py's training splits, in characters (= tokens): a run's tokens over its corpus's are the epochs it sees
 TRAIN_CHARS = {'shakespeare_char': 1_003_854, 'wikitext2_char': 1_144_748}
-CLAIM_ROWS = {'attention': 'attention', 'corridor': 'corridor: learnable δ(γI + P) from γ = 0, δ = 1',
+CLAIM_ROWS = {'attention': 'attention', 'corridor': 'corridor, learnable from γ = 0, δ = 1',
               'alpha': 'α0·I + α1·P', 'alpha_beta': 'αP + β(I − P)', 'gamma_nonneg': 'corridor with γ ≥ 0',
-              'fixed_gamma': 'fixed γ = −0.5, δ = 1', 'laplacian': 'Laplacian heads (the last of 4 is I − P)',
+              'fixed_gamma': 'fixed γ = −0.5, δ = 1', 'laplacian': 'Laplacian heads (1 of 4 is I − P)',
               'corridor_spread': 'corridor from γ0 ~ U(−0.5, 0.5)'}
 
 
@@ -252,8 +270,8 @@ def claims_table(runs):
     tests = cell_tests('claims', runs, [(v, 'attention') for v in CLAIM_ROWS if v != 'attention']
                        + [('gamma_nonneg', 'corridor')])
     n = len(column(runs, settings[0], 'attention'))
-    out = [f"| variant ({n} seeds) | {TS}: − attention | Holm p (2 corpora): verdict | {WT}: − attention | Holm p "
-           f"(2 corpora): verdict | mean γ, δ (Shakespeare / WikiText-2) |", '|---|---|---|---|---|---|']
+    out = [f"| variant − attention ({n} seeds) | {TS} | Holm p: verdict | {WT} | Holm p: verdict | γ̄, δ̄ (Shakespeare / "
+           "WikiText-2) |", '|---|---|---|---|---|---|']
     for variant, label in CLAIM_ROWS.items():
         cells = [label]
         for setting in settings:
@@ -311,20 +329,18 @@ def replication_quotes(runs):
 def row_cells(t, p_holm, _, below):
     """A pre-registered test's cells as the powered and settled tables print them: seeds | mean [95 % CI] | p |
     Holm p | MDE | seeds below 0 | verdict (one cell_tests entry)."""
-    words = verdict(t, p_holm)
     return (f"{t.n} | {signed(t.mean, 5)} [{signed(t.low, 5)}, {signed(t.high, 5)}] | {p_text(t.p)} | {p_text(p_holm)} | "
-            f"{t.mde:.2g} | {below} of {t.n} | " + (f"**{words}**" if words in ('lower', 'higher') else words))
+            f"{t.mde:.2g} | {below}/{t.n} | {verdict_words(t, p_holm)}")
 
 
 def fixed_gamma_powered_table(runs):
     """The powered (d) study's table (its two primary tests, Holm over the two, and the corridor's secondary test
     alone), the CIs the verdicts table quotes, and the final losses."""
     setting = 'wikitext2_char/small'
-    roles = {'fixed_gamma=-0.1': ('fixed γ = −0.1 − attention', 'primary (Holm over 2)'),
-             'fixed_gamma=-0.2': ('fixed γ = −0.2 − attention', 'primary (Holm over 2)'),
-             'corridor': ('learnable corridor − attention', 'secondary (alone)')}
+    roles = {'fixed_gamma=-0.1': ('fixed γ = −0.1', 'primary'), 'fixed_gamma=-0.2': ('fixed γ = −0.2', 'primary'),
+             'corridor': ('learnable corridor', 'secondary')}
     tests = cell_tests('fixed_gamma_powered', runs, [(v, 'attention') for v in roles])
-    out = ["| test | role | seeds | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict |",
+    out = ["| − attention | role | seeds | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict |",
            '|---|---|---|---|---|---|---|---|---|']
     for variant, (label, role) in roles.items():
         out.append(f"| {label} | {role} | {row_cells(*tests[(setting, variant, 'attention')])} |")
@@ -349,11 +365,10 @@ def corridor_settled_table(runs):
     last (falling: no overfitting), over the seeds whose row has it (the column came after the first seeds); and,
     unplanned, the multiplier-3 corridor − the multiplier-1 corridor on each corpus as the token multiplier's section
     quotes it."""
-    rows = (('corridor', 'learnable corridor − attention', 'primary (Holm over 2)'),
-            ('corridor_lr=3.0', 'corridor, operator_lr_mult 3 − attention', 'secondary (Holm over 2)'),
-            ('fixed_gamma=-0.1', 'fixed γ = −0.1, δ = 1 − attention', 'secondary (Holm over 2)'))
+    rows = (('corridor', 'learnable corridor', 'primary'), ('corridor_lr=3.0', 'corridor, operator_lr_mult 3', 'secondary'),
+            ('fixed_gamma=-0.1', 'fixed γ = −0.1, δ = 1', 'secondary'))
     tests = cell_tests('corridor_settled', runs, [(v, 'attention') for v, _, _ in rows])
-    out = ["| corpus | test | role | seeds | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict | final γ̄, δ̄ "
+    out = ["| corpus | − attention | role | seeds | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict | final γ̄, δ̄ "
            "| γ̄ change, last quarter |", '|---|---|---|---|---|---|---|---|---|---|---|---|']
     for corpus, name in CORPORA.items():
         setting = f'{corpus}/small-x4'
@@ -442,8 +457,8 @@ def scales_table(runs):
     tests = cell_tests('scales', runs, [('corridor', 'attention')])
     fits = {corpus: size_fits(runs, [f'{corpus}/{size}' for size in SIZES]) for corpus in CORPORA}
     params = {size: fits['shakespeare_char'][3][f'shakespeare_char/{size}'] for size in SIZES}
-    out = [f"| corridor − attention | non-embedding parameters | tokens per run (per parameter) | {TS} | Holm p (6 cells): "
-           f"verdict | {WT} | Holm p (6 cells): verdict | final mean γ (Shakespeare / WikiText-2) |",
+    out = [f"| corridor − attention | non-embedding parameters | tokens (per parameter) | {TS} | Holm p: verdict | {WT} | "
+           "Holm p: verdict | final γ̄ (Shakespeare / WikiText-2) |",
            '|---|---|---|---|---|---|---|---|']
     for size, label in SIZES.items():
         settings = [f'{corpus}/{size}' for corpus in CORPORA]
@@ -541,16 +556,16 @@ def gamma_dynamics_table(runs, layers=None):
     tests = cell_tests('gamma_dynamics', runs, [(v, 'attention') for v in DYNAMICS_ROWS])
     tables, summary = [], {}
     for setting, name in DYNAMICS_SETTINGS.items():
-        out = [f"| {name} | seed | −1 < γ < −0.05, by layer | γ̄ layer 0 | γ̄ layers ≥ 1 | γ range | largest γ range "
-               "of one head, last quarter | δ̄ | val loss | val − attention |", '|' + '---|' * 10]
+        out = [f"| {name} | seed | % in −1 < γ < −0.05, by layer | γ̄ layer 0 | γ̄ layers ≥ 1 | γ range | one head's "
+               "largest γ range, last quarter | δ̄ | val loss | − attention |", '|' + '---|' * 10]
         for variant, label in DYNAMICS_ROWS.items():
             for i, seed in enumerate(sorted(k for s, v, k in runs if (s, v) == (setting, variant))):
                 run, attention = runs[(setting, variant, seed)], runs.get((setting, 'attention', seed))
                 cells = summary[(setting, variant, seed)] = layer_summary(layers[(setting, variant, seed)])
                 gap = signed(run['val_loss'] - attention['val_loss']) if attention else '–'
-                out.append(f"| {label if i == 0 else '…'} | {seed} | {' / '.join(map(percent, cells['inside']))} | "
-                           f"{signed(cells['gamma0'], 3)} | {signed(cells['gamma_rest'], 3)} | {signed(cells['low'], 2)} … "
-                           f"{signed(cells['high'], 2)} | {cells['settling']:.3f} | {float(run['delta_mean']):.2f} | "
+                out.append(f"| {label if i == 0 else '…'} | {seed} | {'/'.join(f'{100 * x:.0f}' for x in cells['inside'])} | "
+                           f"{signed(cells['gamma0'], 3)} | {signed(cells['gamma_rest'], 3)} | [{signed(cells['low'], 2)}, "
+                           f"{signed(cells['high'], 2)}] | {cells['settling']:.3f} | {float(run['delta_mean']):.2f} | "
                            f"{run['val_loss']:.4f} | {gap} |")
         if len(out) > 2:
             tables.append('\n'.join(out))
@@ -716,7 +731,7 @@ def walk_tests(walk):
 
 def walk_cell_name(key):
     setting, variant, part, diagnostic, regime = key
-    return (f"{VARIANT_NAMES.get(variant, variant)}: {part}, {DIAGNOSTICS.get(diagnostic, diagnostic)}, {regime} layers, "
+    return (f"{VARIANT_NAMES.get(variant, variant)}: {part}, {DIAGNOSTICS.get(diagnostic, diagnostic)}, {regime}, "
             f"{CORPORA.get(setting.split('/')[0], setting)}")
 
 
@@ -727,61 +742,48 @@ def walk_section():
         return []
     tests = walk_tests(read_walk(path))
     families = {k[1:3]: max(m for j, (_, _, m, _) in tests.items() if j[1:3] == k[1:3]) for k in tests}
-    out = [f"## `geometry`'s walk from its per-run file ({len(tests)} cells; "
-           "[per_seed/geometry_walk.csv](per_seed/geometry_walk.csv))", '',
-           "Each run's diagnostic at the final evaluation, per depth regime, minus attention's on the same seed. Holm "
-           "families: one per variant and part, over every diagnostic × regime × corpus ("
-           + '; '.join(f"{VARIANT_NAMES.get(v, v)}: {part}, m = {m}" for (v, part), m in families.items())
-           + "). The cells with p < 0.05 before Holm; every other cell's p is larger.", '',
-           "| cell | attention | difference, mean ± SD [95 % CI] | p | Holm p | verdict |", '|---|---|---|---|---|---|']
+    sizes = sorted(set(families.values()))
+    out = [f"## `geometry`'s walk: {len(tests)} cells ([per_seed/geometry_walk.csv](per_seed/geometry_walk.csv))", '',
+           "Each run's diagnostic at the final evaluation, per depth regime, minus attention's on the same seed. Holm: "
+           f"one family per variant and part ({len(families)}, of m = {'/'.join(map(str, sizes))}: every diagnostic × "
+           "regime × corpus). Only the cells with p < 0.05 before Holm:", '',
+           "| variant: part, diagnostic, layers, corpus | attention | difference, mean ± SD [95 % CI] | p | Holm p | "
+           "verdict |", '|---|---|---|---|---|---|']
     for key, (t, p_holm, m, base) in tests.items():
         if t.p < 0.05:
             out.append(f"| {walk_cell_name(key)} | {base:.3g} | {t.mean:+.3g} ± {t.sd:.2g} [{t.low:+.3g}, {t.high:+.3g}] | "
                        f"{fmt_p(t.p)} | {fmt_p(p_holm)} | {verdict_words(t, p_holm)} |")
-    return out + ['', "The walk's correlations with γ (the report's per-run slopes on γ̄, one point per run) need each "
-                  "run's whole series: `python -m lab.sweep --study=geometry --report_only=True` on the runs.", '']
+    return out + ['', "The walk's slopes on γ̄ need each run's whole series: `python -m lab.sweep --study=geometry "
+                  "--report_only=True` on the runs.", '']
 
 
 def geometry_quotes(walk):
-    """What studies.md quotes of the walk, each cell with its Holm p and the word it earns: the attention part's one
-    cell, the full operator's ‖A_eff‖_F and drift, fixed γ = −0.1's and −0.5's cells, and every cell passing Holm."""
+    """What studies.md states of the walk: a table of the cells its reading rests on (the attention part's δ_orth in
+    the initial layers, the full operator's ‖A_eff‖_F there for the corridor and fixed γ = −0.1) and every cell passing
+    Holm, each with its Holm p and the word it earns; the corridor's drift cells in one sentence; how many cells pass
+    Holm."""
     tests = walk_tests(walk)
     ts, wt = 'shakespeare_char/small', 'wikitext2_char/small'
-
-    def quote(key, digits):
-        t, _, _, base = tests[key]
-        return f"{signed(t.mean, digits)} ± {t.sd:.{digits}f} on {base:.2f}"
-
-    def note(key):
-        t, p_holm, m, _ = tests[key]
-        word = ('**lower**' if t.mean < 0 else '**higher**') if p_holm < 0.05 else 'inconclusive'
-        return f"p {p_text(t.p)}, Holm {p_text(p_holm)} of {m}: {word}"
-
-    p_cell = ('corridor', 'P', 'delta_orth', 'initial')
-    a_eff = [(s, 'corridor', 'operator', 'a_eff_fro', 'initial') for s in (ts, wt)]
+    shown = [(s, 'corridor', 'P', 'delta_orth', 'initial') for s in (ts, wt)]
+    shown += [(s, v, 'operator', 'a_eff_fro', 'initial') for v in ('corridor', 'fixed_gamma=-0.1') for s in (ts, wt)]
+    passing = [k for k, (_, p_holm, _, _) in tests.items() if p_holm < 0.05]
+    table = ["| variant: part, diagnostic, layers, corpus | attention | − attention [95 % CI] | p | Holm p | verdict |",
+             '|---|---|---|---|---|---|']
+    for key in dict.fromkeys(shown + passing):
+        t, p_holm, m, base = tests[key]
+        table.append(f"| {walk_cell_name(key)} | {base:.2f} | {sig3(t.mean, t.mean)} [{sig3(t.low, t.mean)}, "
+                     f"{sig3(t.high, t.mean)}] | {p_text(t.p)} | {p_text(p_holm)} | {verdict_words(t, p_holm)} |")
     drift = [k for k in tests if k[1:4] == ('corridor', 'operator', 'drift') and tests[k][0].p < 0.05]
     where = '; '.join(f"{' and '.join(k[4] for k in drift if k[0] == s)} layers on {CORPORA[s.split('/')[0]]}"
                       for s in dict.fromkeys(k[0] for k in drift))
     holm_drift = [tests[k][1] for k in drift]
-    fixed_01 = [(s, 'fixed_gamma=-0.1', 'operator', 'a_eff_fro', 'initial') for s in (wt, ts)]
-    fixed_05 = [(ts, 'fixed_gamma', 'P', *cell) for cell in (('gram_ratio', 'final'), ('delta_orth', 'middle'),
-                                                              ('gram_ratio', 'middle'))]
-    passing = [f"{walk_cell_name(k)} {signed(t.mean, 3)} (Holm {p_text(p_holm)})" for k, (t, p_holm, _, _) in tests.items()
-               if p_holm < 0.05]
-    return [f"{quote((wt, *p_cell), 3)} ({note((wt, *p_cell))})",
-            f"{quote((ts, *p_cell), 3)} ({note((ts, *p_cell))})",
-            f"{quote(a_eff[0], 2)} ({note(a_eff[0])}) and {quote(a_eff[1], 2)} ({note(a_eff[1])})",
+    return ['\n'.join(table),
             f"its drift between layers {'rises' if all(tests[k][0].mean > 0 for k in drift) else 'moves'} in "
             f"{len(drift)} regimes ({where}: p {min(tests[k][0].p for k in drift):.3f}–"
             f"{max(tests[k][0].p for k in drift):.3f} before Holm, "
             + ('none significant after it' if min(holm_drift) >= 0.05 else 'some significant after it')
             + f", Holm {min(holm_drift):.2f}–{max(holm_drift):.2f})" if drift else "its drift passes no test",
-            f"{signed(tests[fixed_01[0]][0].mean, 3)} on WikiText-2 ({note(fixed_01[0])}), "
-            f"{signed(tests[fixed_01[1]][0].mean, 3)} on Tiny Shakespeare ({note(fixed_01[1])})",
-            f"Gram dominance {quote(fixed_05[0], 2)} in the final layers ({note(fixed_05[0])}); in the middle layers "
-            f"δ_orth {quote(fixed_05[1], 1)} ({note(fixed_05[1])}) and Gram dominance {quote(fixed_05[2], 2)} "
-            f"({note(fixed_05[2])})",
-            f"{len(passing)} of the {len(tests)} cells pass Holm: " + '; '.join(passing) + '.']
+            f"{len(passing)} of the {len(tests)} cells pass Holm"]
 
 
 # ------------------------------------------------------------------------------------------------ the token multiplier
@@ -932,11 +934,10 @@ def token_multiplier_tables(runs, settled=None, curves=None):
 def token_multiplier_section(runs):
     """results_recomputed.md's lines for token_multiplier: its tables, interim or not."""
     curve = {k for s, v, k in runs if v == 'attention' and s in MULTIPLIER_BUDGETS}
-    lines = [f"The multiplier and the γ0 = −0.1 arm, with corridor_settled's runs at 1× "
-             "([per_seed/corridor_settled.csv](per_seed/corridor_settled.csv)) and this study's curves "
-             "([per_seed/token_multiplier_curves.csv](per_seed/token_multiplier_curves.csv)): m = exp(D / β), β the "
-             f"within-seed slope of attention's final loss on ln tokens, the CI {RESAMPLES:,} stratified paired "
-             "bootstrap resamples over seeds (docs/studies.md, `--study=token_multiplier`)."
+    lines = ["The multiplier m = exp(D / β) and the γ0 = −0.1 arm, with corridor_settled's runs at 1× and "
+             "[per_seed/token_multiplier_curves.csv](per_seed/token_multiplier_curves.csv): β attention's within-seed "
+             f"slope of final loss on ln tokens, the CI {RESAMPLES:,} stratified paired bootstrap resamples over seeds "
+             "(studies.md, `--study=token_multiplier`)."
              + (" With one seed at the longer budgets the bootstrap cannot vary β: the CI is D's alone." if len(curve) == 1
                 else '')]
     for text in token_multiplier_tables(runs):
@@ -993,19 +994,18 @@ def study_tables():
 def render():
     """The page's text."""
     out = ["# The CPU results recomputed: CIs, p, Holm, power", '',
-           "Generated by `python docs/results_recomputed.py`: first from the per-seed files of docs/per_seed/ (exact), "
-           "then from the summaries the README and docs/ state for the studies whose per-seed files are not regenerated yet "
-           "(docs/studies.md says which). Each cell: the mean paired difference over seeds (final validation loss, "
-           "nats per token, or the walk diagnostic), its 95 % CI (t on n − 1 df), p of the two-sided paired t-test, "
-           "p Holm-adjusted within the family in brackets, and the MDE: the smallest true difference the test detects "
-           "with 80 % power at 5 % two-sided given the stated SD and n (exact noncentral t). Verdict words follow "
-           "the Holm p; *inconclusive* names X, the 95 % CI's bound farthest from zero: the data exclude a larger "
-           "effect (unadjusted). The SDs are the README's rounded ones, so p-values built on SD 0.0001–0.0006 are "
-           "approximate.", '', *per_seed_sections(), *walk_section(),
+           "Generated by `python docs/results_recomputed.py` from the files in [per_seed/](per_seed/), exactly (the last "
+           "section: from the 4-decimal losses pretrained.md states). A row: the variant's final validation loss (nats "
+           "per token) minus attention's, paired by seed (a row naming `− corridor`: minus the learnable corridor's); "
+           "the mean and 95 % CI (t on n − 1 df); the two-sided paired-t p; the Holm p within the study's family of m "
+           "tests; the MDE (80 % power, 5 % two-sided, noncentral t); the seeds below 0. Verdict: *lower* or "
+           "*higher* (bold) when the Holm p is below 0.05, else inconclusive (within ±X), X the CI's bound farthest from 0. "
+           "Below each table: each variant's final loss, mean ± SD over seeds (γ̄, δ̄ at the end, unless held in every "
+           "run).", '',
+           *per_seed_sections(), *walk_section(),
            "## Scales: corridor − attention against size", '',
-           "The six cells are in `scales`' section above (one Holm family, m = 6; its base cells are the claims "
-           "study's runs). Fits of corridor − attention on log10(non-embedding parameters) per corpus (size is "
-           "confounded with tokens per parameter, 9.3 / 1.2 / 0.7):", '']
+           "Fits on log10(non-embedding parameters) per corpus; size is confounded with tokens per parameter "
+           "(9.3 / 1.2 / 0.7):", '']
     scales = read_file('scales')
     for corpus, name in CORPORA.items():
         unweighted, weighted = fit_words(size_fits(scales, [f'{corpus}/{size}' for size in SIZES]))
@@ -1013,19 +1013,17 @@ def render():
     unweighted, weighted = fit_words(size_fits(read_file('ladder'), [f'shakespeare_char/{rung}' for rung in RUNGS]),
                                      'rungs')
     out += ['', "## Ladder: corridor − attention against size at 4 tokens per non-embedding parameter", '',
-            "The four rungs' cells are in `ladder`'s section above (one Holm family, m = 4). Two fits of the same runs "
-            "on log10(non-embedding parameters), confounded with run length (at equal tokens per parameter the larger "
-            "rungs train longer, and γ moves further the longer a run trains):", '',
+            "Fits on log10(non-embedding parameters), confounded with run length (the larger rungs train longer, and γ "
+            "moves further):", '',
             f"- pre-registered (the primary test): {unweighted}", f"- {weighted}",
             '',
-            "## SmolLM2-135M operator-only, the first run of corridor and δ only (seeds 0 and 1, pretrained.md): one "
-            "family, its three comparisons (m = 3)", '',
-            "From the per-seed final losses the page states (4 decimals); 1 df per test.", '', *HEADER]
+            "## SmolLM2-135M operator-only: the two-seed pilot of corridor and δ only (pretrained.md), one family", '',
+            "From the final losses the page states (4 decimals); 1 df per test.", '', *HEADER]
     first = [(f"{a} − {b}", 'WikiText-2 (SmolLM2 tokens)', paired_test([x - y for x, y in zip(FIRST_RUN[a], FIRST_RUN[b])]))
              for a, b in (('corridor', 'δ only'), ('corridor', 'frozen model'), ('δ only', 'frozen model'))]
     out += rows([(label, corpus, t.mean, t.sd, t.n) for label, corpus, t in first], lambda c: 'first run')
-    out += ['', "## Claim (b): a share of heads per seed, not a paired difference: `gamma_dynamics`' tables are rendered "
-            "on studies.md from its per-seed and per-layer files (`gamma_dynamics_table`).", '']
+    out += ['', "Claim (b), a share of heads per seed, is not a paired difference: `gamma_dynamics_table` renders it on "
+            "studies.md.", '']
     return '\n'.join(out) + '\n'
 
 

@@ -163,8 +163,8 @@ def test_a_per_seed_file_is_recomputed_exactly_paired_by_seed_with_holm_over_the
     low, high = sorted((ta.p, tb.p))
     assert sorted((pa, pb)) == pytest.approx([2 * low, max(2 * low, high)])
     page = '\n'.join(module.per_seed_sections())
-    assert '## `toy` from its per-seed file (14 runs;' in page and '| a | corridor − attention | 3 | ' in page
-    assert '| a | corridor_lr − attention | 1 | +0.02500 | – | – | – | 0 of 1 | no test (one seed) |' in page
+    assert '## `toy`: 14 runs (' in page and '| a | corridor | 3 | ' in page
+    assert '| a | corridor_lr | 1 | +0.02500 | – | – | – | 0/1 | no test |' in page
     assert 'nan' not in page and cells[('a', 'corridor_lr')][2] == 0
 
 
@@ -220,14 +220,14 @@ def test_the_settled_corridor_table_is_its_per_seed_cells_and_stays_off_the_page
     runs = module.read_per_seed(tmp_path / 'corridor_settled.csv')
     assert len(runs) == 24  # seeds 300–302, 4 variants, 2 corpora
     table = module.corridor_settled_table(runs)[0]
-    labels = {'corridor': 'learnable corridor − attention | primary', 'corridor_lr=3.0': 'corridor, operator_lr_mult 3 − '
-              'attention | secondary', 'fixed_gamma=-0.1': 'fixed γ = −0.1, δ = 1 − attention | secondary'}
+    labels = {'corridor': 'learnable corridor | primary', 'corridor_lr=3.0': 'corridor, operator_lr_mult 3 | secondary',
+              'fixed_gamma=-0.1': 'fixed γ = −0.1, δ = 1 | secondary'}
     for setting, a, b, t, p_holm, m, below in module.per_seed_cells('corridor_settled', runs):
         assert m == 2 and b == 'attention'
         row = next(line for line in table.splitlines()
                    if line.startswith(f"| {module.CORPORA[setting.split('/')[0]]} | {labels[a]} "))
         assert f'| {t.n} | {module.signed(t.mean, 5)} [' in row
-        assert f' | {module.p_text(p_holm)} | ' in row and f' | {below} of {t.n} | ' in row
+        assert f' | {module.p_text(p_holm)} | ' in row and f' | {below}/{t.n} | ' in row
     # the budget's check: epochs from the tokens, attention's last fall over the seeds whose rows record it
     assert module.corridor_settled_table(runs)[2] == ("Tiny Shakespeare: 3.67 epochs; attention's val loss over its "
                                                       "last evaluation interval not recorded; WikiText-2 (char): 3.22 "
@@ -272,10 +272,10 @@ def test_the_powered_table_holds_the_two_fixed_gammas_in_one_family_and_the_corr
     holm = {v: (2 * low if tests[v].p == low else max(2 * low, high)) for v in ('fixed_gamma=-0.1', 'fixed_gamma=-0.2')}
     for v, label in (('fixed_gamma=-0.1', 'fixed γ = −0.1'), ('fixed_gamma=-0.2', 'fixed γ = −0.2')):
         row = next(line for line in table.splitlines()
-                   if line.startswith(f'| {label} − attention | primary (Holm over 2) | 3 | '))
+                   if line.startswith(f'| {label} | primary | 3 | '))
         assert f' | {module.p_text(tests[v].p)} | {module.p_text(holm[v])} | ' in row
     row = next(line for line in table.splitlines()
-               if line.startswith('| learnable corridor − attention | secondary (alone) |'))
+               if line.startswith('| learnable corridor | secondary |'))
     p = module.p_text(tests['corridor'].p)
     assert f' | {p} | {p} | ' in row  # alone: Holm is the unadjusted p
     assert q1 == f"γ = −0.1: {module.ci(tests['fixed_gamma=-0.1'])}" and corridor.startswith(module.ci(tests['corridor']))
@@ -530,9 +530,9 @@ def test_claim_bs_tables_read_each_runs_layers_and_pair_its_loss_with_attentions
                       inside_claim_b=1.0, gamma_range_last_quarter=0.005) for i in (1, 2, 3)]
               for s, v, k in keys if v != 'attention'}
     long_table, bpe_table, primary, settled, contrast, settling, deltas, gaps = module.gamma_dynamics_table(runs, layers)
-    assert '| corridor from γ0 = 0 | 0 | 50 % / 100 % / 100 % / 100 % | −0.050 | −0.200 | −0.35 … +0.10 | 0.010 | 0.50 | ' \
+    assert '| corridor from γ0 = 0 | 0 | 50/100/100/100 | −0.050 | −0.200 | [−0.35, +0.10] | 0.010 | 0.50 | ' \
            '1.5980 | −0.0020 |' in long_table
-    assert '| … | 2 | 50 % / 100 % / 100 % / 100 % | −0.050 | −0.220 | ' in long_table
+    assert '| … | 2 | 50/100/100/100 | −0.050 | −0.220 | ' in long_table
     assert bpe_table.splitlines()[2].startswith('| corridor from γ0 = 0 | 0 | ') and len(bpe_table.splitlines()) == 3
     assert primary == '100 %, 100 %, 100 % from γ0 = 0; 100 %, 100 %, 100 % from the spread start'
     assert settled == '−0.220 to −0.200' and settling == '0.010–0.012 from γ0 = 0, 0.030–0.032 from the spread start'
