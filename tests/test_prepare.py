@@ -138,7 +138,7 @@ def test_openwebtext_refuses_a_disk_too_small_in_one_line(tmp_path, monkeypatch)
     pa = pytest.importorskip('pyarrow')
     import pyarrow.parquet as pq
     pq.write_table(pa.table({'text': [synthetic_text(50, seed=i) for i in range(20)]}), tmp_path / 'owt.parquet')
-    monkeypatch.setattr(prepare.shutil, 'disk_usage', lambda path: SimpleNamespace(free=10_000))
+    monkeypatch.setattr('shutil.disk_usage', lambda path: SimpleNamespace(free=10_000))
     monkeypatch.setattr(sys, 'argv', ['prepare.py', 'openwebtext', '--input', str(tmp_path / 'owt.parquet'),
                                       '--data_root', str(tmp_path / 'data')])
     with pytest.raises(prepare.UserError, match=r'has 0.0 MB free, and the prepared corpus needs about'):
@@ -204,7 +204,8 @@ def test_a_damaged_or_missing_shipped_copy_is_one_line_naming_how_to_restore_it(
 
 def test_the_shipped_copy_is_the_known_tiny_shakespeare():
     assert hashlib.sha256(SHAKESPEARE.read_bytes()).hexdigest() == prepare.SHAKESPEARE_SHA256
-    assert prepare.shipped_shakespeare().startswith('First Citizen:')
+    train, val, source = prepare.shakespeare(None)
+    assert train.startswith('First Citizen:') and source == 'data/tinyshakespeare.txt'
 
 
 @pytest.mark.parametrize('text', ['', 'ab'])
