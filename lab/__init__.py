@@ -1,8 +1,8 @@
 """
 The research lab beside the core: every tool here imports the core (model.py, common.py, sources.py, analyze.py,
 train.py's DEFAULTS), never the other way round but lazily, where a run asks for it: a pretrained source
-(sources.py reaches lab/gpt2.py and lab/pretrained.py), walk_interval (train.py reaches lab/connection.py) and a
-run's logged walk (analyze.py reaches lab/figures.py). Each tool is run from the repository root as `python -m lab.<tool>`.
+(sources.py reaches lab/gpt2.py and lab/pretrained.py), walk_interval (train.py reaches lab/connection.py), a
+run's logged walk (analyze.py reaches lab/figures.py) and OpenWebText (prepare.py reaches lab/openwebtext.py). Each tool is run from the repository root as `python -m lab.<tool>`.
 
     connection.py   the connection-walk math: A_eff, transports, drift, δ_orth, Gram dominance
     walk.py         its command line: any model over a text, per-layer tables and plots      python -m lab.walk
@@ -11,6 +11,7 @@ run's logged walk (analyze.py reaches lab/figures.py). Each tool is run from the
     hf_tokenizer.py a pretrained source's own tokenizer: loading, fingerprint, prepare.py's encoder
     gguf_files.py   GGUF files: packaged and chunked models, the dequantised cache, GGUF rounding
     pretrained.py   the operator inside a transformers causal LM (PretrainedLM), for train.py and sample.py
+    openwebtext.py  OpenWebText's parquet files → train.bin / val.bin, tokenized by worker processes
     gpt2.py         OpenAI's GPT-2 weights in our own GPT (sources.py's --init_from=gpt2)
     probe.py        how much a trained model leans on the operator, head by head              python -m lab.probe
     bench.py        speed and memory of every form                                          python -m lab.bench
