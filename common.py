@@ -10,7 +10,8 @@ import os
 import re
 import sys
 import textwrap
-from contextlib import contextmanager, suppress
+import warnings
+from contextlib import contextmanager, nullcontext, suppress
 
 import torch
 
@@ -88,9 +89,9 @@ def parse_config(defaults, argv, optional=(), hints=None):
 
 
 def key_meanings(path, start):
-    """{key: (heading, meaning)} from the block of `key=value,  # meaning` lines that follows the line matching
-    `start` in a source file: a comment on the keys' own indentation heads the keys below it, a deeper one continues
-    the meaning above it. The comments beside the defaults are the documentation --help prints."""
+    """{key: (heading, meaning)} from the `key=value,  # meaning` lines after the line matching `start` in a source
+    file (the defaults' comments, which --help prints): a comment at the keys' indentation heads the keys below it,
+    a deeper one continues the meaning above it."""
     with open(path, encoding='utf-8') as f:
         lines = f.read().splitlines()
     begin = next((n for n, line in enumerate(lines) if re.match(start, line)), len(lines)) + 1
@@ -141,9 +142,8 @@ def saved_config(defaults, saved, where):
 
 
 def model_config(config, saved=False):
-    """The GPTConfig of a run config's keys; one no model can have is a UserError now, not mid-run. A key the chosen
-    form does not read (its OPERATORS entry's keys), set away from its default, is one too, unless saved: a checkpoint
-    written before that check existed is read as it trained."""
+    """The GPTConfig of a run config's keys; one no model can have is a UserError now, not mid-run, and so is a key the
+    chosen form does not read set away from its default, unless saved (a checkpoint is read as it trained)."""
     c = GPTConfig(**{k: v for k, v in config.items() if k in GPTConfig.__dataclass_fields__})
     for key in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd'):
         if getattr(c, key) <= 0:
@@ -267,9 +267,8 @@ def save_checkpoint(obj, path):
 
 
 # ------------------------------------------------------------------------------------------------- the device
-# Every choice that depends on the device ('cpu', 'cuda', 'cuda:N', 'mps'), one function each: the dtype here, the
-# availability check, timing's synchronisation and the device's own RNG below; pinned memory (sources.Data.batch)
-# and the fused optimizer (model.configure_optimizers) are CUDA's alone.
+# Every choice that depends on the device ('cpu', 'cuda', 'cuda:N', 'mps'), one function each; pinned memory
+# (sources.Data.batch) and the fused optimizer (model.configure_optimizers) are CUDA's alone.
 
 def check_device(device):
     """One line when the device is not available here."""
@@ -331,12 +330,10 @@ def sdpa_backend(name, model, block_size, device, dtype, autocast):
     """A context that lets only this SDPA backend run ('auto': any), after trying it on the model's own forward and
     backward over a few tokens as it will train (layout, head size, grouped-query heads, dtype, dropout), its
     gradients and the run's random numbers untouched: a backend with no kernel for them is one line, not a crash."""
-    import contextlib
-    import warnings
     if name not in SDPA_BACKENDS:
         raise UserError(f"sdpa_backend must be one of {', '.join(SDPA_BACKENDS)}, got {name!r}")
     if name == 'auto':
-        return contextlib.nullcontext()
+        return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = {'flash': SDPBackend.FLASH_ATTENTION, 'efficient': SDPBackend.EFFICIENT_ATTENTION,
                'cudnn': SDPBackend.CUDNN_ATTENTION, 'math': SDPBackend.MATH}[name]

@@ -1,7 +1,6 @@
 """
-What the scripts read: prepared data, run folders (ckpt.pt, log.jsonl), and the models they hold or come from: ours,
-or a pretrained one (GPT-2 as ours, any other causal LM) through lab/gpt2.py and lab/pretrained.py, imported only when one is asked for (it
-imports common.py and model.py, never this file); and the tokenizer that goes with each.
+What the scripts read: prepared data, run folders (ckpt.pt, log.jsonl), the models they hold or come from (ours, or a
+pretrained one through lab/gpt2.py and lab/pretrained.py, imported only when one is asked for), and their tokenizers.
 """
 
 import json
@@ -26,8 +25,7 @@ TOKEN_DTYPES = {'uint16': 1 << 16, 'uint32': 1 << 32}  # a .bin's dtype, and how
 
 
 def check_meta(meta):
-    """A meta.json dict as prepare.py writes it (without a dtype: uint16, as before prepare.py wrote one; a
-    checkpoint's copy has none); a ValueError says what is wrong."""
+    """A meta.json dict as prepare.py writes it (no dtype, as in a checkpoint's copy: uint16); a ValueError says what."""
     if not isinstance(meta, dict):
         raise ValueError(f"a {type(meta).__name__}, not an object")
     vocab_size, dtype = meta.get('vocab_size'), meta.get('dtype', 'uint16')
@@ -66,7 +64,7 @@ def read_meta(data_root, dataset):
 
 def read_tokens(data_root, dataset, split, meta, at_least):
     """data_root/dataset/split.bin as a memmap of meta.json's dtype, checked: a whole number of tokens, more than
-    at_least of them, every id below vocab_size. The callers say in at_least's message what needs them."""
+    at_least[0] of them (at_least[1] says what needs them), every id below vocab_size."""
     path = os.path.join(data_root, dataset, f'{split}.bin')
     dtype = np.dtype(meta.get('dtype', 'uint16'))
     size = os.path.getsize(path) if os.path.isfile(path) else 0
@@ -86,8 +84,7 @@ def read_tokens(data_root, dataset, split, meta, at_least):
 
 
 class Data:
-    """data_root/dataset: meta.json, train.bin and val.bin (uint16 tokens, or meta.json's dtype: uint32), checked as
-    they open (read_meta, read_tokens): meta.json's fields, each file's size, and every token id below vocab_size."""
+    """data_root/dataset: meta.json, train.bin and val.bin, checked as they open (read_meta, read_tokens)."""
 
     def __init__(self, data_root, dataset, block_size, batch_size, device):
         self.dir, self.block_size, self.batch_size, self.device = \
@@ -153,9 +150,8 @@ def is_gpt2(source):
 
 
 def load_model(source, **overrides):
-    """(model, meta as a meta.json names its tokenizer) of a run folder, GPT-2 (as our GPT) or another pretrained causal
-    LM (a packaged model, .gguf file, transformers folder, hub name: lab/hf_sources.py names each when a source is none).
-    overrides: keys that carry no weights (dropout; a pretrained model's operator keys)."""
+    """(model, meta naming its tokenizer) of a run folder, GPT-2 (as our GPT) or another pretrained causal LM (see
+    lab/hf_sources.py). overrides: keys that carry no weights (dropout; a pretrained model's operator keys)."""
     if is_gpt2(source):
         from lab.gpt2 import gpt2
         return gpt2(source, **overrides), dict(tokenizer='gpt2', vocab_size=50257)
@@ -166,11 +162,20 @@ def load_model(source, **overrides):
     return pretrained.load_pretrained(source, **{k: v for k, v in overrides.items() if k != 'dropout'})
 
 
+# What train.py writes into ckpt.pt (run.checkpoint_state): each key's type. Every reader needs READ_KEYS, a resume
+# RESUME_KEYS too; a missing other key is one from before it was saved (its default). SHAPING_KEYS: every version's.
+CHECKPOINT_KEYS = dict(model=dict, model_args=dict, config=dict, meta=dict, iter_num=int, optimizer=dict, scaler=dict,
+                       rng=dict, tokens_seen=int, best_val_loss=float, seconds=float, weights=str, source=(str, type(None)))
+READ_KEYS = ('model', 'model_args', 'config', 'meta', 'iter_num')
+RESUME_KEYS = ('optimizer', 'scaler', 'rng', 'tokens_seen', 'best_val_loss')
+SHAPING_KEYS = ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'bias', 'operator')
+NOTED = set()
+
+
 def load_checkpoint(path, map_location='cpu', mmap=False, purpose='model'):
-    """A checkpoint dict, weights_only (no code runs from the file), checked against CHECKPOINT_KEYS for its purpose:
-    'info' (its keys and types: config, progress), 'model' (and its weights: shapes, bytes as saved, finite) or
-    'resume' (and the optimizer's moments, the scaler, the RNGs). mmap: tensors read only when used (a legacy file:
-    read). The bytes are checked against the CRC-32s torch.save wrote (changed_records): for 'info' only the pickle."""
+    """A checkpoint dict, weights_only (no code runs from the file), checked for its purpose: 'info' (keys, types, the
+    pickle's CRC-32), 'model' (and the weights' bytes and values) or 'resume' (and all a resume reads). The first thing
+    wrong is one line that says what still works. mmap: tensors read only when used (a legacy non-zip file: read)."""
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}")
     changed = changed_records(path, pickle_only=purpose == 'info')
@@ -190,57 +195,42 @@ def load_checkpoint(path, map_location='cpu', mmap=False, purpose='model'):
     if changed:  # which tensors sit in the changed records decides what still works (check_tensors)
         with zipfile.ZipFile(path) as archive:
             saved_crcs = {info.CRC for info in archive.infolist()}
-    check_checkpoint(ckpt, path, purpose, saved_crcs, changed)
-    return ckpt
-
-
-# What train.py writes into ckpt.pt (run.checkpoint_state): each key's type. What reads a model needs READ_KEYS; a
-# resume needs RESUME_KEYS too; the others may be missing (a checkpoint from before they were saved: their defaults).
-CHECKPOINT_KEYS = dict(model=dict, model_args=dict, config=dict, meta=dict, iter_num=int, optimizer=dict, scaler=dict,
-                       rng=dict, tokens_seen=int, best_val_loss=float, seconds=float, weights=str, source=(str, type(None)))
-READ_KEYS = ('model', 'model_args', 'config', 'meta', 'iter_num')
-RESUME_KEYS = ('optimizer', 'scaler', 'rng', 'tokens_seen', 'best_val_loss')
-
-
-def check_checkpoint(ckpt, path, purpose, saved_crcs=None, changed=()):
-    """One line for the first thing wrong, and what still works: a resume's own keys are checked only for a resume.
-    changed: the records whose bytes changed on disk; saved_crcs: every record's CRC-32 as saved (when some changed)."""
-    folder = os.path.dirname(path) or '.'
     if isinstance(ckpt, dict) and isinstance(ckpt.get('model_args'), dict) and 'operator' not in ckpt['model_args'] \
             and 'meta' not in ckpt and 'n_layer' in ckpt['model_args']:
         raise UserError(f"{path} is a nanoGPT checkpoint (no operator keys, no tokenizer meta): corridor-gpt reads its "
                         f"own run folders and pretrained models; for OpenAI's weights use --init_from=gpt2")
     try:
-        defaulted = check_read_keys(ckpt, path, purpose, saved_crcs)
+        defaulted = check_read_keys(ckpt, purpose, saved_crcs)
     except ValueError as e:
         raise UserError(f"{path} is not a checkpoint this version of corridor-gpt reads: {e}; nothing in it is used "
                         f"(restore it from a copy, or train again)") from None
-    if purpose == 'resume':
+    if purpose == 'resume':  # a resume's own keys are checked only for a resume
         try:
             check_resume_keys(ckpt, saved_crcs, changed)
         except ValueError as e:
             raise UserError(f"{path} cannot resume the run: {e}; its weights are intact: sample or analyze it, or "
-                            f"start a new run from them with --init_from={folder}") from None
+                            f"start a new run from them with --init_from={os.path.dirname(path) or '.'}") from None
     note = f"{path} predates model_args " + ', '.join(f"{k} (read as {ckpt['model_args'][k]!r})" for k in defaulted)
     if defaulted and note not in NOTED:  # said once a process, and only of a checkpoint that is read
         NOTED.add(note)
         print(note, file=sys.stderr)
+    return ckpt
 
 
-def check_read_keys(ckpt, path, purpose, saved_crcs=None):
-    """The keys every reader uses, their types, the weights' names and shapes against model_args; with purpose
-    'model' or 'resume', the weights' bytes as saved (check_tensors), and finite. A ValueError says what is wrong."""
+def check_read_keys(ckpt, purpose, saved_crcs=None):
+    """What every reader uses: keys, types, model_args (returns the defaulted ones), meta, the weights' names and
+    shapes; unless purpose is 'info', their bytes as saved and finite. A ValueError says what is wrong."""
     if not isinstance(ckpt, dict):
         raise ValueError(f"a {type(ckpt).__name__}, not a dict")
-    needed = READ_KEYS + (RESUME_KEYS if purpose == 'resume' else ())
     missing = [key for key in READ_KEYS if key not in ckpt]
     if missing:
         raise ValueError(f"no {', '.join(map(repr, missing))}")
     for key, kind in CHECKPOINT_KEYS.items():
         if key in ckpt and not (isinstance(ckpt[key], kind) and not isinstance(ckpt[key], bool)
-                                or kind is float and type(ckpt[key]) is int):
-            if key in needed or key not in RESUME_KEYS:
-                raise ValueError(f"{key!r} must be {type_name(kind)}, got a {type(ckpt[key]).__name__}")
+                                or kind is float and type(ckpt[key]) is int) \
+                and (purpose == 'resume' or key not in RESUME_KEYS):
+            kind = ' or '.join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+            raise ValueError(f"{key!r} must be {kind}, got a {type(ckpt[key]).__name__}")
     if ckpt['iter_num'] < 0:
         raise ValueError(f"iter_num is {ckpt['iter_num']}")
     if ckpt.get('weights', 'all') not in ('all', 'operator'):
@@ -265,18 +255,9 @@ def check_read_keys(ckpt, path, purpose, saved_crcs=None):
     return defaulted
 
 
-def type_name(kind):
-    return ' or '.join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
-
-
-NOTED = set()
-SHAPING_KEYS = ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'bias', 'operator')  # every version's
-
-
 def check_model_args(args, config):
-    """model_args as GPTConfig's fields, each of its default's type (a float may be an int), values a model can have.
-    A field it lacks (added to GPTConfig after it was saved) takes the run config's value, or else its default, which
-    by GPTConfig's rule is the behaviour the run had: returns those fields. One GPTConfig lacks is refused."""
+    """model_args as GPTConfig's fields, of its defaults' types, values a model can have. A field newer than the file
+    takes the run config's value, or else its default (by GPTConfig's rule, the run's behaviour): returns those."""
     fields = GPTConfig.__dataclass_fields__
     unknown, missing = sorted(set(args) - set(fields)), [key for key in fields if key not in args]
     if unknown:
@@ -296,15 +277,15 @@ def check_model_args(args, config):
 
 
 def check_weights(ckpt, args):
-    """ckpt['model'] holds tensors; our GPT's (or a fine-tuned GPT-2's) names and shapes those of a model of args, built
-    on the meta device (no memory); a pretrained model's are checked as they load (model_from_checkpoint)."""
+    """ckpt['model'] holds named tensors; our GPT's (a fine-tuned GPT-2's) fit a model of args (a pretrained one's: as
+    they load, model_from_checkpoint)."""
     state = ckpt['model']
     if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise ValueError("'model' holds entries that are not named tensors")
     source, weights = ckpt.get('source'), ckpt.get('weights', 'all')
     if not (source is None or weights == 'all' and is_gpt2(source)):
         return
-    with torch.device('meta'):
+    with torch.device('meta'):  # no memory
         expected = GPT(GPTConfig(**args)).state_dict()
     state = {k.removeprefix('_orig_mod.'): v for k, v in state.items()}
     missing, unknown = [k for k in expected if k not in state], [k for k in state if k not in expected]
@@ -317,49 +298,27 @@ def check_weights(ckpt, args):
 
 
 def check_resume_keys(ckpt, saved_crcs=None, changed=()):
-    """What restore_state reads: the optimizer's state dict, the grad scaler's, the RNG states; their tensors as
-    saved and finite; and no other record changed on disk (a resume uses the whole file). A ValueError says what."""
+    """What restore_state reads beyond check_read_keys, intact, and no record changed (a resume uses the whole file)."""
     missing = [key for key in RESUME_KEYS if key not in ckpt]
     if missing:
         raise ValueError(f"no {', '.join(map(repr, missing))}")
-    wrong = [key for key in RESUME_KEYS if not isinstance(ckpt[key], CHECKPOINT_KEYS[key])
-             and not (key == 'best_val_loss' and type(ckpt[key]) is int) or isinstance(ckpt[key], bool)]
-    if wrong:
-        raise ValueError(f"{wrong[0]!r} is a {type(ckpt[wrong[0]]).__name__}")
-    optimizer = ckpt['optimizer']
-    groups, state = optimizer.get('param_groups'), optimizer.get('state')
+    groups, state = ckpt['optimizer'].get('param_groups'), ckpt['optimizer'].get('state')
     if not (isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get('params'), list) for g in groups)
             and isinstance(state, dict) and all(isinstance(s, dict) for s in state.values())):
         raise ValueError("'optimizer' is not an optimizer's state dict (param_groups, state)")
     rng = ckpt['rng']
-    if not (isinstance(rng.get('torch'), torch.Tensor) and isinstance(rng.get('data'), torch.Tensor)
-            and rng.get('torch').dtype == rng.get('data').dtype == torch.uint8
-            and isinstance(rng.get('cuda'), (torch.Tensor, type(None)))
-            and isinstance(rng.get('mps'), (torch.Tensor, type(None)))):
+    if not (all(isinstance(rng.get(k), torch.Tensor) and rng[k].dtype == torch.uint8 for k in ('torch', 'data'))
+            and all(isinstance(rng.get(k), (torch.Tensor, type(None))) for k in ('cuda', 'mps'))):
         raise ValueError("'rng' lacks the torch, data and device generator states")
     check_tensors(ckpt, ('optimizer', 'rng'), saved_crcs)
     if changed:
         raise ValueError(f"its record {changed[0]} does not match the CRC-32 saved with it (bytes changed on disk)")
 
 
-def tensors_in(obj, path=''):
-    """(path, tensor) of every tensor in nested dicts, lists and tuples."""
-    if isinstance(obj, torch.Tensor):
-        yield path, obj
-    elif isinstance(obj, dict):
-        for key, value in obj.items():
-            yield from tensors_in(value, f"{path}/{key}" if path else str(key))
-    elif isinstance(obj, (list, tuple)):
-        for i, value in enumerate(obj):
-            yield from tensors_in(value, f"{path}/{i}")
-
-
 def changed_records(path, pickle_only=False):
-    """The records of a checkpoint's zip whose bytes no longer match the CRC-32 torch.save wrote beside each. torch
-    computes these on every save (torch.utils.serialization.config.save.compute_crc32, on by default), so checking
-    them costs a save nothing; torch itself checks none on an mmap load. A legacy (non-zip) file has none: [], and
-    neither has a record saved with compute_crc32 off (its CRC field 0). pickle_only: only the record that holds the
-    dict's structure (a cheap check)."""
+    """The records of a checkpoint's zip whose bytes no longer match the CRC-32 torch.save wrote beside each (on by
+    default: torch.utils.serialization.config.save.compute_crc32; torch checks none on an mmap load). None in a legacy
+    (non-zip) file, nor for a record saved without one (CRC 0). pickle_only: only data.pkl, the dict's structure."""
     changed = []
     try:
         if not zipfile.is_zipfile(path):
@@ -380,10 +339,18 @@ def changed_records(path, pickle_only=False):
     return changed
 
 
+def tensors_in(obj, path=''):
+    """(path, tensor) of every tensor in nested dicts, lists and tuples."""
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for key, value in items:
+        yield from tensors_in(value, f"{path}/{key}" if path else str(key))
+
+
 def check_tensors(ckpt, parts, saved_crcs=None):
-    """The tensors under parts (top-level keys) are finite and, where some record changed (saved_crcs: the CRC-32 of
-    every record, as saved), not stored in a changed one: a tensor whose storage's CRC-32 is no record's. A
-    ValueError names the first that fails."""
+    """The tensors under parts (top-level keys) are finite and, when some record changed (saved_crcs: every record's
+    CRC-32 as saved), stored in an unchanged one. A ValueError names the first that fails."""
     for path, t in tensors_in({part: ckpt[part] for part in parts}):
         if saved_crcs is not None:
             storage = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage().cpu())
@@ -422,8 +389,8 @@ def model_from_checkpoint(ckpt, **overrides):
 
 
 def read_log(out_dir):
-    """log.jsonl's entries, one per evaluation, each checked (check_log_entry); a last line torn by a crash (no
-    newline) is skipped. Anything else wrong is one line naming the file and the line: nothing is dropped silently."""
+    """log.jsonl's entries, one per evaluation, checked; a last line torn by a crash (no newline) is skipped, anything
+    else wrong is one line naming the file and the line: nothing is dropped silently."""
     path, entries, shape = os.path.join(out_dir, 'log.jsonl'), [], None
     if not os.path.isfile(path):
         return entries
@@ -455,10 +422,7 @@ def check_log_entry(entry, shape):
     for key in ('val_loss', 'train_loss'):
         if type(entry.get(key)) not in (int, float):
             raise ValueError(f"{key} is {entry.get(key)!r}, not a number")
-    for key in ('gamma', 'delta'):
-        if key not in entry:
-            continue
-        rows = entry[key]
+    for key, rows in ((key, entry[key]) for key in ('gamma', 'delta') if key in entry):
         if not (isinstance(rows, list) and rows and all(isinstance(r, list) and len(r) == len(rows[0]) and r
                                                         and all(type(x) in (int, float) for x in r) for r in rows)):
             raise ValueError(f"{key} is not a [layers, heads] table of numbers")
