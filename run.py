@@ -33,8 +33,8 @@ class TrainingStopped(UserError):
 
 @contextmanager
 def processes(cfg):
-    """(ddp, rank, world, device) of this process, torchrun's DDP group joined and, at the end, left by all together.
-    A failed write (the atomic writes left the old files whole) or a lost process ends the run in one line."""
+    """(ddp, rank, world, device), torchrun's DDP group joined and, at the end, left by all together. A failed write
+    (the atomic writes left the old files whole) or a lost process ends the run in one line."""
     device, cuda = cfg.device, cfg.device.startswith('cuda')
     check_device(device)
     ddp, rank, world = int(os.environ.get('RANK', -1)) != -1, 0, 1  # RANK: launched by torchrun
@@ -54,8 +54,9 @@ def processes(cfg):
         yield ddp, rank, world, device
     except WriteFailed as e:
         raise TrainingStopped(f"could not write {e.path} ({e.reason}); {resume_advice(cfg, world)}") from None
-    except Exception as e:
-        if not (ddp and lost_a_process(e)):
+    except (dist.DistError, RuntimeError) as e:  # another process gone: NCCL's DistError, or gloo's 'by peer'
+        if not ddp or not isinstance(e, dist.DistError) and not any(s in str(e) for s in (
+                'by peer', 'Broken pipe', 'remote worker', 'Socket Timeout', 'Connection refused')):
             raise
         # gloo's first line without its source location: 'Read error [127.0.0.1]:49824: Connection reset by peer'
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0].split('] ', 1)[-1].split('. ')[0].rstrip('.')
@@ -66,14 +67,11 @@ def processes(cfg):
         dist.destroy_process_group()
 
 
-# small known datasets (~1 MB of text) prepared when missing, so the quick start is one command (OpenWebText: 17 GB)
-PREPARED_ON_DEMAND = ('shakespeare_char', 'shakespeare')
-
-
 def prepare_if_missing(cfg):
-    """Run `prepare.py DATASET` (as a user would: a separate process) for a small known dataset with no meta.json."""
+    """`python prepare.py DATASET`, as a user runs it, for a small known dataset (~1 MB of text; OpenWebText's 17 GB
+    never) without its meta.json: the quick start is one command."""
     folder = os.path.join(cfg.data_root, cfg.dataset)
-    if cfg.dataset not in PREPARED_ON_DEMAND or os.path.isfile(os.path.join(folder, 'meta.json')):
+    if cfg.dataset not in ('shakespeare_char', 'shakespeare') or os.path.isfile(os.path.join(folder, 'meta.json')):
         return
     print(f"{folder} is missing: preparing it first (python prepare.py {cfg.dataset} --data_root={cfg.data_root})")
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'prepare.py')
@@ -86,8 +84,8 @@ def prepare_if_missing(cfg):
 
 def run_folder_operator(cfg):
     """The operator keys to build init_from with: the configured ones; for a run folder, its own (its weights hold
-    that operator's scalars), unless a key set away from its default contradicts them (one line); then cfg's keys
-    follow, so the saved config tells the truth. operator_lr_mult, a training setting, stays the configured one."""
+    that operator's scalars), unless a key set away from its default contradicts them (one line); cfg takes them, so
+    the saved config tells the truth. operator_lr_mult, a training setting, stays the configured one."""
     configured = {k: getattr(cfg, k) for k in OPERATOR_KEYS}
     path = os.path.join(cfg.init_from, 'ckpt.pt')
     if not os.path.isfile(path):
@@ -111,15 +109,8 @@ def wrap_ddp(model, device):
                forward_sync_buffers=False)
 
 
-def lost_a_process(e):
-    """A collective failing because another process is gone: torch's DistError (NCCL), or gloo's 'by peer'."""
-    return isinstance(e, dist.DistError) or isinstance(e, RuntimeError) and any(s in str(e) for s in (
-        'by peer', 'Broken pipe', 'remote worker', 'Socket Timeout', 'Connection refused'))
-
-
 def saved_checkpoint(out_dir):
-    """(the run folder's ckpt.pt as an 'info' dict, or None, and a phrase naming it with its iteration, or saying why
-    there is none): what a message about the last good state may promise."""
+    """(ckpt.pt as an 'info' dict or None, a phrase naming it and its iteration, or why there is none)."""
     path = os.path.join(out_dir, 'ckpt.pt')
     if not os.path.isfile(path):
         return None, f"no checkpoint was saved ({path} is written at the first evaluation after iteration 0)"
@@ -140,11 +131,10 @@ def resume_advice(cfg, world):
     ckpt, named = saved_checkpoint(cfg.out_dir)
     if ckpt is None:
         return f"{named}: start the run again"
-    saved = ckpt['config']
     script = sys.argv[0] if sys.argv[0].endswith('train.py') else 'train.py'
     launch = f"torchrun --standalone --nproc_per_node={world} {script}" if world > 1 else f"python {script}"
     changed = [shlex.quote(f"--{key}={config_text(value)}") for key, value in vars(cfg).items()
-               if key not in ('init_from', 'out_dir', 'overwrite') and saved.get(key, value) != value]
+               if key not in ('init_from', 'out_dir', 'overwrite') and ckpt['config'].get(key, value) != value]
     return f"{named} is intact: continue with `{launch} " + \
         ' '.join(['--init_from=resume', f"--out_dir={shlex.quote(cfg.out_dir)}", *changed]) + '`'
 
@@ -160,10 +150,9 @@ def config_text(value):
 
 
 def open_run_folder(cfg, defaults, resumed, iter_num, held):
-    """Rank 0's run folder, after every check of the input (bad input overwrites nothing and leaves no train.lock):
-    locked until the run ends, log.jsonl cut back to the checkpoint (a crash's later lines are written again) or an
-    old run's checkpoints removed, config.json written and named with the keys changed from train.py's defaults.
-    Returns wandb or None."""
+    """Rank 0's run folder, after every check of the input (bad input overwrites nothing, leaves no train.lock): locked
+    until the run ends, log.jsonl cut back to the checkpoint (a crash's later lines are written again) or an old
+    run's checkpoints removed, config.json written, the keys changed from train.py's defaults named. Returns wandb."""
     ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
     if not resumed and os.path.exists(ckpt_path) and not cfg.overwrite:
         raise UserError(f"{ckpt_path} exists: continue it with --init_from=resume, pick another --out_dir, or pass "
@@ -172,8 +161,7 @@ def open_run_folder(cfg, defaults, resumed, iter_num, held):
         wandb = __import__('wandb') if cfg.wandb_log else None
     except ImportError:
         raise UserError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)") from None
-    # log.jsonl read before the folder is claimed: a bad line is one line and leaves no train.lock behind (the
-    # checkpoint was read unlocked too; a run that still holds the folder is refused just below)
+    # read before the folder is claimed: a bad line is one line, no train.lock (a run holding it is refused below)
     kept = [json.dumps(e) + '\n' for e in read_log(cfg.out_dir) if e.get('iter', math.inf) <= iter_num] if resumed else []
     held.enter_context(claim_run_folder(cfg.out_dir))
     if not resumed:  # a fresh run (maybe --overwrite): an old checkpoint, log or snapshots would mix two runs
@@ -187,16 +175,15 @@ def open_run_folder(cfg, defaults, resumed, iter_num, held):
     changed = ' '.join(f"{k}={config_text(v)}" for k, v in vars(cfg).items() if defaults.get(k) != v)
     print(f"config: {os.path.join(cfg.out_dir, 'config.json')} (every key); changed from train.py's defaults: "
           f"{changed or 'none'}")
-    if wandb is None:
-        return None
-    wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg), dir=cfg.out_dir,
-               resume='allow' if resumed else None)
+    if wandb:
+        wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg), dir=cfg.out_dir,
+                   resume='allow' if resumed else None)
     return wandb
 
 
 def claim_run_folder(out_dir):
-    """An exclusive lock on out_dir, held until the returned file closes (two runs in one folder would interleave
-    log.jsonl and race for ckpt.pt), or one line; the OS drops it when the process dies, even by kill -9."""
+    """An exclusive lock on out_dir until the returned file closes (two runs in one folder would interleave log.jsonl
+    and race for ckpt.pt), or one line; the OS drops it when the process dies, even by kill -9."""
     path = os.path.join(out_dir, 'train.lock')
     try:
         os.makedirs(out_dir, exist_ok=True)
@@ -230,8 +217,8 @@ def wandb_metrics(entry):
 
 
 def checkpoint_state(model, optimizer, scaler, cfg, meta, progress, data_rng, device):
-    """Everything a resumed run needs to continue exactly: weights, optimizer moments, config, progress, RNGs. (Bytes
-    changed on disk are one line at the next load: torch.save writes a CRC-32 of each record, sources.changed_records.)"""
+    """Everything a resumed run needs to continue exactly: weights, optimizer moments, config, progress, RNGs (bytes
+    changed on disk are one line at the next load: torch.save writes each record's CRC-32, sources.changed_records)."""
     return dict(model=saved_weights(model, cfg.train_only), weights=cfg.train_only, optimizer=optimizer.state_dict(),
                 scaler=scaler.state_dict(), model_args=asdict(model.config), config=vars(cfg), **progress,
                 source=model.source,
@@ -270,23 +257,17 @@ def restore_state(ckpt, optimizer, scaler, data_rng, cfg, device, rank):
 
 
 def check_optimizer_state(saved, optimizer, path):
-    """The saved optimizer state fits this optimizer: its groups, each group's parameter count, every moment the shape
-    of its parameter (torch checks the counts only; a wrong moment fails at the first step, or trains on garbage)."""
-    groups = optimizer.param_groups
-    counts = [len(g['params']) for g in saved['param_groups']]
-    wrong = None
-    if counts != [len(g['params']) for g in groups]:
-        wrong = f"its optimizer has groups of {counts} parameters, this model's {[len(g['params']) for g in groups]}"
-    else:
-        shapes = {i: p.shape for g, s in zip(groups, saved['param_groups']) for i, p in zip(s['params'], g['params'])}
-        for i, moments in saved['state'].items():
-            bad = [k for k, v in moments.items() if k != 'step' and (i not in shapes or not isinstance(v, torch.Tensor)
-                                                                      or v.shape != shapes[i])]
-            if bad:
-                wrong = f"its optimizer's {bad[0]} of parameter {i} does not fit that parameter"
-                break
+    """The saved optimizer state fits this optimizer: its groups' parameter counts, every moment its parameter's shape
+    (torch checks the counts only; a wrong moment fails at the first step, or trains on garbage)."""
+    counts, ours = [len(g['params']) for g in saved['param_groups']], [len(g['params']) for g in optimizer.param_groups]
+    shapes = {i: p.shape for g, s in zip(optimizer.param_groups, saved['param_groups'])
+              for i, p in zip(s['params'], g['params'])}
+    wrong = [f"its optimizer has groups of {counts} parameters, this model's {ours}"] if counts != ours else [
+        f"its optimizer's {k} of parameter {i} does not fit that parameter" for i, moments in saved['state'].items()
+        for k, v in moments.items()
+        if k != 'step' and (i not in shapes or not isinstance(v, torch.Tensor) or v.shape != shapes[i])]
     if wrong:
-        raise UserError(f"{path} cannot resume the run: {wrong}; its weights are intact: start a new run from them "
+        raise UserError(f"{path} cannot resume the run: {wrong[0]}; its weights are intact: start a new run from them "
                         f"with --init_from={os.path.dirname(path) or '.'}")
 
 
@@ -343,7 +324,7 @@ class LogWindow:
         return shared[0].item() / self.world / self.iters, shared[1].item() > 0
 
     def speed(self, iter_num):
-        """', N tok/s, mfu M%, T ms/iter, ETA E' ('' before a timed step): MFU per device, ETA at this process's pace."""
+        """', N tok/s, mfu M%, T ms/iter, ETA E' ('' before a timed step): MFU per device, ETA at this pace."""
         if not self.timed:
             return ''
         now = time.time()
@@ -356,10 +337,8 @@ class LogWindow:
 
 def duration(seconds):
     """'45s', '4m05s', '2h10m'."""
-    seconds = max(0, round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds < 3600 else f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
+    s = max(0, round(seconds))
+    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s // 60 % 60:02d}m"
 
 
 def finish(cfg, rank, world, stopped, save, wandb, progress, resumed, started):
