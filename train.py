@@ -113,7 +113,6 @@ def resolve_config(argv):
         if getattr(cfg, key) < 1:
             raise UserError(f"{key} must be at least 1, got {getattr(cfg, key)}")
     kind, _, index = cfg.device.partition(':')
-    dtypes = ('auto', 'float32', 'bfloat16', 'float16')
     non_finite = [k for k, v in config.items() if isinstance(v, float) and not math.isfinite(v)]
     for wrong, message in (
             (non_finite, f"{', '.join(non_finite)} must be finite, got "
@@ -131,7 +130,8 @@ def resolve_config(argv):
              f"exceed warmup_iters={cfg.warmup_iters} (or --decay_lr=False)"),
             (cfg.sdpa_backend not in SDPA_BACKENDS,
              f"sdpa_backend must be one of {', '.join(SDPA_BACKENDS)}, got {cfg.sdpa_backend!r}"),
-            (cfg.dtype not in dtypes, f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}"),
+            (cfg.dtype not in ('auto', 'float32', 'bfloat16', 'float16'),
+             f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}"),
             (cfg.train_only not in ('all', 'operator'),
              f"train_only must be 'all' or 'operator', got {cfg.train_only!r}"),
             (cfg.train_only == 'operator' and cfg.init_from == 'scratch',
@@ -147,9 +147,8 @@ def resolve_config(argv):
 
 
 def build_model(cfg, data, ckpt):
-    """The model to train: from the checkpoint, from scratch, or a pretrained one (OpenAI's GPT-2 as our GPT, another
-    causal LM as lab.pretrained.PretrainedLM) with the configured operator; with train_only='operator', every weight but the
-    operator's scalars frozen. It must read the data as tokenized, and fit its context."""
+    """From the checkpoint, from scratch, or pretrained (GPT-2 as our GPT, another causal LM as lab.pretrained's) with
+    the configured operator and train_only; it must read the data as tokenized and fit its context."""
     if ckpt is not None:  # the architecture stays; dropout and operator_lr_mult are training settings it may change
         model = model_from_checkpoint(ckpt, dropout=cfg.dropout, operator_lr_mult=cfg.operator_lr_mult)
         model.source = ckpt.get('source')
@@ -222,7 +221,6 @@ def operator_summary(model):
         return ''
     gamma, delta = gamma_delta(model.operator_coefficients())
     deep, corridor = (in_corridor(gamma, below).float().mean().item() for below in (CLAIM_B, 0.0))
-    # the second share is the corridor's occupancy (analyze.py's, the studies'): −1 < γ < 0, not γ < 0
     return f" | γ̄ {gamma.mean():+.3f} δ̄ {delta.mean():.3f}, heads at −1 < γ < −{-CLAIM_B:g}: {deep:.0%} " \
            f"(−1 < γ < 0: {corridor:.0%})"
 
@@ -253,24 +251,6 @@ def log_evaluation(cfg, iter_num, lr, losses, model, progress, data, wandb, save
 
 # ------------------------------------------------------------------------------------------------------------
 # the run
-
-def build_training(cfg, data, data_rng, ckpt, rank, device, dtype, autocast, held):
-    """(model, optimizer, grad scaler, progress), a resume's restored. Built from one seed on every rank (DDP does not
-    broadcast the fixed scalars: buffers, maybe drawn); then each rank reseeds for its own dropout masks."""
-    model = build_model(cfg, data, ckpt).to(device)
-    if rank > 0:
-        torch.manual_seed(cfg.seed + rank)
-    held.enter_context(sdpa_backend(cfg.sdpa_backend, model, cfg.block_size, device, dtype, autocast))  # or one line
-    scaler = torch.amp.GradScaler(device.split(':')[0], enabled=dtype == 'float16')
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
-                                           device.split(':')[0])
-    # seconds: the wall time spent in this run so far, over every resume (in ckpt.pt, not in log.jsonl, whose lines
-    # a resumed run writes exactly as an uninterrupted one)
-    progress = dict(iter_num=0, tokens_seen=0, best_val_loss=float('inf'), seconds=0.0)
-    if ckpt is not None:
-        progress = run.restore_state(ckpt, optimizer, scaler, data_rng, cfg, device, rank)
-    return model, optimizer, scaler, progress
-
 
 def optimizer_step(model, optimizer, scaler, data, offsets, autocast, cfg, ddp):
     """One optimizer step: the gradients of the micro-batches at offsets accumulated (under DDP all-reduced on the
@@ -307,9 +287,9 @@ def train(argv, held):
     """Config, processes, data, model and optimizer; then the loop. Returns main's exit status."""
     cfg, ckpt = resolve_config(argv)
     ddp, rank, world, device = held.enter_context(run.processes(cfg))
-    dtype = resolve_dtype(cfg.dtype, device)
-    autocast = nullcontext() if dtype == 'float32' else torch.autocast(device.split(':')[0], getattr(torch, dtype))
-    torch.manual_seed(cfg.seed)  # the same initial model on every rank (below)
+    dtype, device_type = resolve_dtype(cfg.dtype, device), device.split(':')[0]
+    autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
+    torch.manual_seed(cfg.seed)  # the same initial model on every rank: DDP does not broadcast the fixed scalars
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     if not ddp:  # (under torchrun, prepare first: ranks would race to write the same folder)
         run.prepare_if_missing(cfg)
@@ -318,9 +298,16 @@ def train(argv, held):
     # sees exactly the batches of one process with the same gradient_accumulation_steps.
     data_rng = torch.Generator().manual_seed(cfg.seed)
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
-    raw_model, optimizer, scaler, progress = build_training(cfg, data, data_rng, ckpt, rank, device, dtype, autocast,
-                                                            held)
-    resumed, ckpt = ckpt is not None, None  # the checkpoint's host copy of the weights and moments: gone now
+    raw_model, resumed = build_model(cfg, data, ckpt).to(device), ckpt is not None
+    if rank > 0:  # built from one seed on every rank; each its own dropout masks from here
+        torch.manual_seed(cfg.seed + rank)
+    held.enter_context(sdpa_backend(cfg.sdpa_backend, raw_model, cfg.block_size, device, dtype, autocast))
+    scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
+    optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
+    # seconds: this run's wall time over every resume (in ckpt.pt; log.jsonl's lines are an uninterrupted run's)
+    progress = run.restore_state(ckpt, optimizer, scaler, data_rng, cfg, device, rank) if resumed else \
+        dict(iter_num=0, tokens_seen=0, best_val_loss=float('inf'), seconds=0.0)
+    ckpt = None  # the checkpoint's host copy of the weights and moments: gone now
     compiled = torch.compile(raw_model) if cfg.compile else raw_model
     model = run.wrap_ddp(compiled, device) if ddp else compiled
     if cfg.eval_only:
