@@ -39,13 +39,11 @@ def occupancy_report(gamma, delta):
 
 def layer_table(report):
     rows = ["| layer | in corridor | γ ≤ −1 | γ ≥ 0 | γ mean | γ median | δ mean |", "|---|---|---|---|---|---|---|"]
-    for r in report['layers']:
-        rows.append(f"| {r['layer']} | {r['occupancy']:.0%} | {r['below']} | {r['above']} | {r['gamma_mean']:+.3f} "
-                    f"| {r['gamma_median']:+.3f} | {r['delta_mean']:.3f} |")
+    rows += [f"| {r['layer']} | {r['occupancy']:.0%} | {r['below']} | {r['above']} | {r['gamma_mean']:+.3f} "
+             f"| {r['gamma_median']:+.3f} | {r['delta_mean']:.3f} |" for r in report['layers']]
     beyond = report['occupancy_beyond_first']
-    rows.append(f"\nall heads: {report['occupancy']:.0%} in the corridor"
-                + (f"; layers after the first: {beyond:.0%}" if beyond is not None else ''))
-    return '\n'.join(rows)
+    return '\n'.join(rows) + f"\n\nall heads: {report['occupancy']:.0%} in the corridor" \
+        + (f"; layers after the first: {beyond:.0%}" if beyond is not None else '')
 
 
 def plot_occupancy(reports, path, attention=()):
@@ -182,15 +180,15 @@ def analyze_run(run, out):
     if scalars:
         plot_occupancy({run['name']: report}, os.path.join(out, 'occupancy.png'))
         plot_gamma_delta({run['name']: (run['gamma'], run['delta'])}, os.path.join(out, 'gamma_delta.png'))
-    tokens = [e['tokens'] for e in run['log']]
-    if run['log'] and scalars:
-        plot_evolution(run['log'], os.path.join(out, 'evolution.png'), run['name'])
-    if run['log']:
-        plot_losses({split: (tokens, [e[f'{split}_loss'] for e in run['log']]) for split in ('train', 'val')},
-                    os.path.join(out, 'loss.png'), f"{run['name']}: loss")
-        if any('walk' in e for e in run['log']):  # the second paper's geometry, logged by walk_interval: the lab's
-            from lab.figures import plot_walk_evolution
-            plot_walk_evolution({run['name']: [run['log']]}, os.path.join(out, 'walk.png'), run['name'])
+    log = run['log']
+    if log and scalars:
+        plot_evolution(log, os.path.join(out, 'evolution.png'), run['name'])
+    if log:
+        plot_losses({split: ([e['tokens'] for e in log], [e[f'{split}_loss'] for e in log])
+                     for split in ('train', 'val')}, os.path.join(out, 'loss.png'), f"{run['name']}: loss")
+    if any('walk' in e for e in log):  # the second paper's geometry, logged by walk_interval: the lab's
+        from lab.figures import plot_walk_evolution
+        plot_walk_evolution({run['name']: [log]}, os.path.join(out, 'walk.png'), run['name'])
     table = layer_table(report) if scalars else \
         "plain attention: every head's (c_I, c_P) is (0, 1), γ = 0, δ = 1, nothing to place in the corridor"
     header = f"# {run['name']}: operator {report['operator']}, iter {run['iter']}\n\n"
