@@ -314,6 +314,9 @@ def rng_untouched(device):
         set_device_rng_state(device, own)
 
 
+DTYPES = ('auto', 'float32', 'bfloat16', 'float16')  # --dtype's choices, train.py's and sample.py's
+
+
 def resolve_dtype(dtype, device):
     """'auto': bf16 where the GPU has it natively (capability ≥ 8), else float16 (a grad scaler); CPU, MPS float32."""
     if dtype != 'auto' or not device.startswith('cuda'):

@@ -14,7 +14,7 @@ from contextlib import nullcontext
 
 import torch
 
-from common import UserError, check_device, main_guard, parse_config, resolve_dtype
+from common import DTYPES, UserError, check_device, main_guard, parse_config, resolve_dtype
 from sources import load_model, tokenizer_from_meta
 
 DEFAULTS = dict(
@@ -41,7 +41,7 @@ def main(argv):
                            (cfg['temperature'] < 0, f"temperature must be >= 0, got {cfg['temperature']}"),
                            (cfg['top_k'] is not None and cfg['top_k'] < 1,
                             f"top_k must be at least 1 (or None for all tokens), got {cfg['top_k']}"),
-                           (cfg['dtype'] not in ('auto', 'float32', 'bfloat16', 'float16'),
+                           (cfg['dtype'] not in DTYPES,
                             f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg['dtype']!r}")):
         if wrong:
             raise UserError(message)

@@ -23,8 +23,8 @@ import torch
 from tqdm import tqdm
 
 import run
-from common import (SDPA_BACKENDS, UserError, append_line, flops_per_token, main_guard, model_config, parse_config,
-                    peak_flops, resolve_dtype, save_checkpoint, saved_config, sdpa_backend)
+from common import (DTYPES, SDPA_BACKENDS, UserError, append_line, flops_per_token, main_guard, model_config,
+                    parse_config, peak_flops, resolve_dtype, save_checkpoint, saved_config, sdpa_backend)
 from model import CLAIM_B, GPT, OPERATOR_DEFAULTS, OPERATOR_KEYS, OPERATORS, gamma_delta, in_corridor
 from sources import Data, check_tokenizer, load_checkpoint, load_model, model_from_checkpoint
 
@@ -130,8 +130,7 @@ def resolve_config(argv):
              f"exceed warmup_iters={cfg.warmup_iters} (or --decay_lr=False)"),
             (cfg.sdpa_backend not in SDPA_BACKENDS,
              f"sdpa_backend must be one of {', '.join(SDPA_BACKENDS)}, got {cfg.sdpa_backend!r}"),
-            (cfg.dtype not in ('auto', 'float32', 'bfloat16', 'float16'),
-             f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}"),
+            (cfg.dtype not in DTYPES, f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {cfg.dtype!r}"),
             (cfg.train_only not in ('all', 'operator'),
              f"train_only must be 'all' or 'operator', got {cfg.train_only!r}"),
             (cfg.train_only == 'operator' and cfg.init_from == 'scratch',
