@@ -431,7 +431,8 @@ def test_help_gives_every_key_its_default_and_a_meaning_grouped_as_the_defaults_
     """--help's list is read from the comments beside the defaults (the model's keys from GPTConfig's): every key has
     one, so a key added without a comment fails here, not silently in --help."""
     import importlib
-    from common import REPO, key_help
+    from common import REPO
+    from lab.key_help import key_help
     defaults = importlib.import_module(script[:-3].replace('/', '.')).DEFAULTS
     text = key_help(defaults, os.path.join(REPO, script))
     lines = text.splitlines()
@@ -446,7 +447,7 @@ def test_help_gives_every_key_its_default_and_a_meaning_grouped_as_the_defaults_
 
 
 def test_key_meanings_reads_headings_entries_and_continued_comments(tmp_path):
-    from common import key_meanings
+    from lab.key_help import key_meanings
     (tmp_path / 'script.py').write_text(
         "X = 1\nDEFAULTS = dict(\n    # first group\n    a=1,          # the a\n    b='x',\n"
         "                  # b's meaning, continued\n    # second group\n    **OTHER,\n    c=2,  # the c\n)\n"
