@@ -5,10 +5,8 @@ into a GPTConfig), GPT-2's tokenizer, files written whole or not at all, dtypes,
 
 import ast
 import difflib
-import math
 import os
 import sys
-import warnings
 from contextlib import contextmanager, nullcontext, suppress
 
 import torch
@@ -288,29 +286,20 @@ SDPA_BACKENDS = ('auto', 'flash', 'efficient', 'cudnn', 'math')
 
 
 def sdpa_backend(name, model, block_size, device, dtype, autocast):
-    """A context that lets only this SDPA backend run ('auto': any), after trying it on the model's own forward and
-    backward over a few tokens as it will train (layout, head size, grouped-query heads, dtype, dropout), its
-    gradients and the run's random numbers untouched: a backend with no kernel for them is one line, not a crash."""
+    """A context that lets only this SDPA backend run ('auto': any), once it ran the model's own forward and backward
+    (lab/sdpa.py) with the run's random numbers untouched: a backend with no kernel for them is one line, not a crash."""
     if name not in SDPA_BACKENDS:
         raise UserError(f"sdpa_backend must be one of {', '.join(SDPA_BACKENDS)}, got {name!r}")
     if name == 'auto':
         return nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    backend = {'flash': SDPBackend.FLASH_ATTENTION, 'efficient': SDPBackend.EFFICIENT_ATTENTION,
-               'cudnn': SDPBackend.CUDNN_ATTENTION, 'math': SDPBackend.MATH}[name]
-    try:
-        with sdpa_kernel(backend), warnings.catch_warnings(), autocast, rng_untouched(device):
-            warnings.simplefilter('ignore')  # PyTorch warns once per reason a kernel was refused; the error says it
-            idx = torch.zeros(1, min(16, block_size), dtype=torch.long, device=device)
-            model(idx, idx)[1].backward()
-    except RuntimeError as e:
-        reason = (str(e).strip().splitlines() or ['no kernel'])[0].split('. ')[0].rstrip('.')
+    from lab import sdpa
+    with rng_untouched(device):
+        reason = sdpa.refusal(name, model, block_size, device, autocast)
+    if reason:
         others = ', '.join(n for n in SDPA_BACKENDS[1:] if n != name)
         raise UserError(f"sdpa_backend={name!r} does not run this model's attention on {device} in {dtype} "
-                        f"({reason}): use --sdpa_backend=auto, or one of {others}") from None
-    finally:
-        model.zero_grad(set_to_none=True)
-    return sdpa_kernel(backend)
+                        f"({reason}): use --sdpa_backend=auto, or one of {others}")
+    return sdpa.sdpa_kernel(sdpa.KERNELS[name])
 
 
 # Dense peak FLOP/s of NVIDIA's data sheets (half their starred 2:4-sparse figures): bf16/fp16 tensor cores, TF32 for
