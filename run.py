@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from common import (UserError, WriteFailed, atomic_write, check_device, describe_os_error, device_rng_state,
                     set_device_rng_state, synchronize)
-from model import OPERATOR_DEFAULTS, OPERATOR_KEYS, in_corridor
+from model import OPERATOR_DEFAULTS, OPERATOR_KEYS
 from sources import load_checkpoint, read_log
 
 
@@ -152,15 +152,15 @@ def config_text(value):
 def open_run_folder(cfg, defaults, resumed, iter_num, held):
     """Rank 0's run folder, after every check of the input (bad input overwrites nothing, leaves no train.lock): locked
     until the run ends, log.jsonl cut back to the checkpoint (a crash's later lines are written again) or an old
-    run's checkpoints removed, config.json written, the keys changed from train.py's defaults named. Returns wandb."""
+    run's checkpoints removed, config.json written, the keys changed from train.py's defaults named. Returns the
+    run's W&B logger (the module lab/wandb_log.py, started) with --wandb_log=True, else None."""
     ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
     if not resumed and os.path.exists(ckpt_path) and not cfg.overwrite:
         raise UserError(f"{ckpt_path} exists: continue it with --init_from=resume, pick another --out_dir, or pass "
                         f"--overwrite=True to start over")
-    try:
-        wandb = __import__('wandb') if cfg.wandb_log else None
-    except ImportError:
-        raise UserError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)") from None
+    logger = None
+    if cfg.wandb_log:  # imported before the folder is claimed: without the wandb package, one line, no train.lock
+        from lab import wandb_log as logger
     # read before the folder is claimed: a bad line is one line, no train.lock (a run holding it is refused below)
     kept = [json.dumps(e) + '\n' for e in read_log(cfg.out_dir) if e.get('iter', math.inf) <= iter_num] if resumed else []
     held.enter_context(claim_run_folder(cfg.out_dir))
@@ -175,10 +175,9 @@ def open_run_folder(cfg, defaults, resumed, iter_num, held):
     changed = ' '.join(f"{k}={config_text(v)}" for k, v in vars(cfg).items() if defaults.get(k) != v)
     print(f"config: {os.path.join(cfg.out_dir, 'config.json')} (every key); changed from train.py's defaults: "
           f"{changed or 'none'}")
-    if wandb:
-        wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg), dir=cfg.out_dir,
-                   resume='allow' if resumed else None)
-    return wandb
+    if logger:
+        logger.start(cfg, resumed)
+    return logger
 
 
 def claim_run_folder(out_dir):
@@ -205,20 +204,10 @@ def claim_run_folder(out_dir):
     return handle
 
 
-def wandb_metrics(entry):
-    """A log.jsonl entry as flat wandb metrics: losses, lr, tokens, occupancy, every head's scalars, the walk."""
-    metrics = {'train/loss': entry['train_loss'], 'val/loss': entry['val_loss'], 'val/best': entry['best_val_loss'],
-               'lr': entry['lr'], 'tokens': entry['tokens'],
-               'corridor/occupancy': in_corridor(torch.tensor(entry['gamma'])).float().mean().item()}
-    metrics |= {f'{key}/L{layer}H{head}': value for key in ('gamma', 'delta', 'c_I', 'c_P')
-                for layer, heads in enumerate(entry[key]) for head, value in enumerate(heads)}
-    return metrics | {f'walk_{part}/{key}/L{layer}': value for part, diagnostics in entry.get('walk', {}).items()
-                      for key, values in diagnostics.items() for layer, value in enumerate(values)}
-
-
 def checkpoint_state(model, optimizer, scaler, cfg, meta, progress, data_rng, device):
     """Everything a resumed run needs to continue exactly: weights, optimizer moments, config, progress, RNGs (bytes
-    changed on disk are one line at the next load: torch.save writes each record's CRC-32, sources.changed_records)."""
+    changed on disk are one line at the next load: torch.save writes each record's CRC-32,
+    lab/file_checks.changed_records)."""
     return dict(model=saved_weights(model, cfg.train_only), weights=cfg.train_only, optimizer=optimizer.state_dict(),
                 scaler=scaler.state_dict(), model_args=asdict(model.config), config=vars(cfg), **progress,
                 source=model.source,
@@ -317,11 +306,14 @@ class LogWindow:
         return elapsed
 
     def meet(self, stop_seen, ddp):
-        """(the window's mean loss over every process, whether any process was asked to stop): one all-reduce."""
+        """(the window's mean loss over every process, whether any process was asked to stop): one all-reduce; the
+        next window starts."""
         shared = torch.stack([self.loss.float(), torch.tensor(float(stop_seen), device=self.device)])
         if ddp:
             dist.all_reduce(shared, op=dist.ReduceOp.SUM)
-        return shared[0].item() / self.world / self.iters, shared[1].item() > 0
+        mean_loss, stop = shared[0].item() / self.world / self.iters, shared[1].item() > 0
+        self.reset()
+        return mean_loss, stop
 
     def speed(self, iter_num):
         """', N tok/s, mfu M%, T ms/iter, ETA E' ('' before a timed step): MFU per device, ETA at this pace."""
@@ -341,10 +333,8 @@ def duration(seconds):
     return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s // 60 % 60:02d}m"
 
 
-def finish(cfg, rank, world, stopped, save, wandb, progress, resumed, started):
+def finish(cfg, rank, world, stopped, save, progress, resumed, started):
     """After the loop: a stopped run saved, its resume named (exit 128 + the signal); a finished one's next commands."""
-    if wandb:
-        wandb.finish()
     if rank == 0 and stopped:
         save(os.path.join(cfg.out_dir, 'ckpt.pt'))
         tqdm.write(f"stopped at iter {progress['iter_num']}; {resume_advice(cfg, world)}")  # torchrun's under DDP

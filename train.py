@@ -224,9 +224,9 @@ def operator_summary(model):
            f"(−1 < γ < 0: {corridor:.0%})"
 
 
-def log_evaluation(cfg, iter_num, lr, losses, model, progress, data, wandb, save):
+def log_evaluation(cfg, iter_num, lr, losses, model, progress, data, logger, save):
     """Rank 0's record of an evaluation: its line on the console, its entry in log.jsonl (everything an evaluation
-    records: a new per-evaluation diagnostic is one more key here, analyze.py reads them), wandb, the checkpoint."""
+    records: a new per-evaluation diagnostic is one more key here, analyze.py reads them), W&B, the checkpoint."""
     improved = losses['val'] < progress['best_val_loss']
     progress['best_val_loss'] = min(progress['best_val_loss'], losses['val'])  # only ever goes down
     coefficients = model.operator_coefficients()  # [layers, heads, (c_I, c_P)]
@@ -240,8 +240,8 @@ def log_evaluation(cfg, iter_num, lr, losses, model, progress, data, wandb, save
     tqdm.write(f"eval {iter_num}/{cfg.max_iters}: train {losses['train']:.4f}, val {losses['val']:.4f} (best "
                f"{progress['best_val_loss']:.4f}){operator_summary(model)}")
     append_line(os.path.join(cfg.out_dir, 'log.jsonl'), json.dumps(entry))
-    if wandb:
-        wandb.log(run.wandb_metrics(entry), step=iter_num)
+    if logger:
+        logger.evaluation(entry)
     if iter_num > 0 and (improved or cfg.always_save_checkpoint):
         save(os.path.join(cfg.out_dir, 'ckpt.pt'))
     if cfg.snapshot_interval and iter_num % cfg.snapshot_interval == 0:
@@ -315,7 +315,7 @@ def train(argv, held):
             print(f"iter {progress['iter_num']}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         return 0
     iter_num = start_iter = progress['iter_num']
-    wandb = run.open_run_folder(cfg, DEFAULTS, resumed, start_iter, held) if rank == 0 else None
+    logger = run.open_run_folder(cfg, DEFAULTS, resumed, start_iter, held) if rank == 0 else None
     if rank == 0:
         print(f"{raw_model.get_num_params() / 1e6:.2f}M parameters, operator {cfg.operator}, {tokens_per_iter:,} tokens"
               f" per iteration, {device}, {dtype}, {world} process(es)" + f", resuming at iter {start_iter}" * resumed)
@@ -340,7 +340,7 @@ def train(argv, held):
                 raise run.TrainingStopped(f"evaluation at iter {iter_num} gave {losses}; stopped without saving: "
                                           f"{run.last_good_state(cfg.out_dir)}")
             if rank == 0:
-                log_evaluation(cfg, iter_num, lr, losses, raw_model, progress, data, wandb, save)
+                log_evaluation(cfg, iter_num, lr, losses, raw_model, progress, data, logger, save)
             window.restart_clock()  # tokens/s and MFU count training steps only
         if iter_num >= cfg.max_iters or stop:
             break
@@ -364,11 +364,12 @@ def train(argv, held):
             if rank == 0 and at_log_line:
                 tqdm.write(f"iter {iter_num}/{cfg.max_iters}: batch loss {lossf:.4f}, lr {lr:.2e}"
                            f"{window.speed(iter_num)}{operator_summary(raw_model)}")
-                if wandb:
-                    wandb.log({'train/loss_window': lossf, 'lr': lr}, step=iter_num)
-            window.reset()
+                if logger:
+                    logger.log_line(iter_num, lossf, lr)
     bar.close()
-    return run.finish(cfg, rank, world, stop_request if stop else None, save, wandb, progress, resumed, started)
+    if logger:
+        logger.finish()
+    return run.finish(cfg, rank, world, stop_request if stop else None, save, progress, resumed, started)
 
 
 if __name__ == '__main__':
