@@ -22,7 +22,6 @@ class UserError(Exception):
 
 
 def main_guard(main):
-    """Run main(); a UserError becomes `error: <message>` on stderr and exit status 2."""
     try:
         main()
     except UserError as e:
@@ -55,9 +54,8 @@ def parse_config(defaults, argv, optional=(), hints=None):
 
     for arg in argv:
         if arg in ('-h', '--help'):  # the script's own docstring, then every key: its default and meaning
-            from lab.key_help import key_help
-            main = sys.modules['__main__']
-            print((main.__doc__ or '').strip() + '\n\n' + key_help(defaults, getattr(main, '__file__', None)))
+            from lab.key_help import script_help
+            print(script_help(defaults))
             sys.exit(0)
         if arg.startswith('--'):
             key, eq, text = arg[2:].partition('=')
@@ -133,7 +131,6 @@ GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')  # OpenAI's checkp
 
 
 def gpt2_encoding():
-    """tiktoken's GPT-2 BPE. It downloads its files once; offline, point TIKTOKEN_CACHE_DIR at a cache."""
     import tiktoken
     try:
         return tiktoken.get_encoding('gpt2')
@@ -143,8 +140,6 @@ def gpt2_encoding():
 
 
 class WriteFailed(UserError):
-    """A file could not be written (no space, no permission); what was there is untouched, no temporary file left."""
-
     def __init__(self, path, reason):
         self.path, self.reason = path, reason
         super().__init__(f"could not write {path} ({reason}); what was there is untouched, and no partial file is left")
@@ -216,18 +211,16 @@ def save_figure(fig, path, rect=(0, 0, 1, 1)):
     return path
 
 
-def save_checkpoint(obj, path):
-    """Written atomically and durably: a crash or a full disk leaves the old file or the new one, never a torn one."""
+def save_checkpoint(obj, path):  # a crash or a full disk leaves the old file or the new one, never a torn one
     with atomic_write(path, 'wb', durable=True) as f:
         torch.save(obj, f)
 
 
 # ------------------------------------------------------------------------------------------------- the device
-# Every choice that depends on the device ('cpu', 'cuda', 'cuda:N', 'mps'), one function each; pinned memory
-# (sources.Data.batch) and the fused optimizer (model.configure_optimizers) are CUDA's alone.
+# Every choice that depends on the device ('cpu', 'cuda', 'cuda:N', 'mps'); pinned memory (sources.Data.batch)
+# and the fused optimizer (model.configure_optimizers) are CUDA's alone.
 
 def check_device(device):
-    """One line when the device is not available here."""
     kind = device.split(':')[0]
     if kind == 'cuda' and not torch.cuda.is_available():
         raise UserError(f"device={device!r} but CUDA is not available here (use --device=cpu)")
@@ -238,10 +231,9 @@ def check_device(device):
 
 def synchronize(device):
     """Wait for the device's queued work (timing): CUDA and MPS run ahead of the host, the CPU does not."""
-    kind = device.split(':')[0]
-    if kind == 'cuda':
+    if device.startswith('cuda'):
         torch.cuda.synchronize(device)
-    elif kind == 'mps':
+    elif device.startswith('mps'):
         torch.mps.synchronize()
 
 
@@ -252,10 +244,9 @@ def device_rng_state(device):
 
 
 def set_device_rng_state(device, state):
-    kind = device.split(':')[0]
-    if state is not None and kind == 'cuda':
+    if state is not None and device.startswith('cuda'):
         torch.cuda.set_rng_state(state, device)
-    elif state is not None and kind == 'mps':
+    elif state is not None and device.startswith('mps'):
         torch.mps.set_rng_state(state)
 
 
@@ -294,11 +285,9 @@ def sdpa_backend(name, model, block_size, device, dtype, autocast):
         return nullcontext()
     from lab import sdpa
     with rng_untouched(device):
-        reason = sdpa.refusal(name, model, block_size, device, autocast)
-    if reason:
-        others = ', '.join(n for n in SDPA_BACKENDS[1:] if n != name)
-        raise UserError(f"sdpa_backend={name!r} does not run this model's attention on {device} in {dtype} "
-                        f"({reason}): use --sdpa_backend=auto, or one of {others}")
+        refused = sdpa.refusal(name, model, block_size, device, dtype, autocast)
+    if refused:
+        raise UserError(refused)
     return sdpa.sdpa_kernel(sdpa.KERNELS[name])
 
 
@@ -316,9 +305,8 @@ PEAK_FLOPS = {
 
 def peak_flops(device, dtype):
     """The device's peak FLOP/s for dtype ('bfloat16', 'float16', 'float32'), or None when unknown (CPU)."""
-    if not str(device).startswith('cuda') or not torch.cuda.is_available():
-        return None
-    return peak_flops_of(torch.cuda.get_device_name(torch.device(device)), dtype)
+    if str(device).startswith('cuda') and torch.cuda.is_available():
+        return peak_flops_of(torch.cuda.get_device_name(torch.device(device)), dtype)
 
 
 def peak_flops_of(device_name, dtype):

@@ -5,6 +5,7 @@ reaches it lazily, when a script gets -h or --help.
 """
 
 import re
+import sys
 import textwrap
 
 import model
@@ -48,3 +49,9 @@ def key_help(defaults, script):
         lines.append(textwrap.fill(meaning, 118, initial_indent=f"  {f'{key}={value!r}':<30} ",
                                    subsequent_indent=' ' * 33) if meaning else f"  {key}={value!r}")
     return '\n'.join(lines)
+
+
+def script_help(defaults):
+    """What -h / --help prints: the running script's docstring, then its keys."""
+    main = sys.modules['__main__']
+    return (main.__doc__ or '').strip() + '\n\n' + key_help(defaults, getattr(main, '__file__', None))

@@ -14,16 +14,18 @@ KERNELS = {'flash': SDPBackend.FLASH_ATTENTION, 'efficient': SDPBackend.EFFICIEN
            'cudnn': SDPBackend.CUDNN_ATTENTION, 'math': SDPBackend.MATH}
 
 
-def refusal(name, model, block_size, device, autocast):
-    """Why backend `name` cannot run the model's forward and backward (PyTorch's first sentence), or None; the
-    model's gradients are left as none."""
+def refusal(name, model, block_size, device, dtype, autocast):
+    """The one line saying why backend `name` cannot run the model's forward and backward (PyTorch's first
+    sentence) and what to choose instead, or None; the model's gradients are left as none."""
     try:
         with sdpa_kernel(KERNELS[name]), warnings.catch_warnings(), autocast:
             warnings.simplefilter('ignore')  # PyTorch warns once per reason a kernel was refused; the error says it
             idx = torch.zeros(1, min(16, block_size), dtype=torch.long, device=device)
             model(idx, idx)[1].backward()
     except RuntimeError as e:
-        return (str(e).strip().splitlines() or ['no kernel'])[0].split('. ')[0].rstrip('.')
+        reason = (str(e).strip().splitlines() or ['no kernel'])[0].split('. ')[0].rstrip('.')
+        return (f"sdpa_backend={name!r} does not run this model's attention on {device} in {dtype} ({reason}): "
+                f"use --sdpa_backend=auto, or one of {', '.join(n for n in KERNELS if n != name)}")
     finally:
         model.zero_grad(set_to_none=True)
     return None

@@ -331,8 +331,8 @@ MUTANTS = [
            k('test_train.py', 'before_a_model_key_existed')),
     Mutant('label_smoothing_dropped', 'train.py', "**({'label_smoothing': cfg.label_smoothing} if cfg.label_smoothing else {})",
            "**{}", k('test_train.py', 'label_smoothing_reaches')),
-    Mutant('mps_not_synchronised', 'common.py', "    elif kind == 'mps':\n        torch.mps.synchronize()",
-           "    elif kind == 'mps':\n        pass", k('test_common.py', 'on_mps')),
+    Mutant('mps_not_synchronised', 'common.py', "    elif device.startswith('mps'):\n        torch.mps.synchronize()",
+           "    elif device.startswith('mps'):\n        pass", k('test_common.py', 'on_mps')),
     Mutant('absent_checkpoint_named', 'run.py', "    if not os.path.isfile(path):\n        return None,",
            "    if False:\n        return None,", k('test_train.py', 'saved_nothing')),
 ]
