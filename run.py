@@ -86,20 +86,17 @@ def run_folder_operator(cfg):
     """The operator keys to build init_from with: the configured ones; for a run folder, its own (its weights hold
     that operator's scalars), unless a key set away from its default contradicts them (one line); cfg takes them, so
     the saved config tells the truth. operator_lr_mult, a training setting, stays the configured one."""
-    configured = {k: getattr(cfg, k) for k in OPERATOR_KEYS}
     path = os.path.join(cfg.init_from, 'ckpt.pt')
-    if not os.path.isfile(path):
-        return configured
-    saved = load_checkpoint(path, mmap=True, purpose='info')['model_args']
-    own = [k for k in OPERATOR_KEYS if k != 'operator_lr_mult']
-    contradicting = [k for k in own if configured[k] != OPERATOR_DEFAULTS[k] and configured[k] != saved[k]]
-    if contradicting:
-        raise UserError(f"{cfg.init_from} was trained with " + ', '.join(f"{k}={saved[k]!r}" for k in contradicting)
-                        + ": its weights hold that operator; leave " + ', '.join(f"--{k}" for k in contradicting)
-                        + " unset, or start from scratch")
-    for key in own:
-        setattr(cfg, key, saved[key])
-    return {**configured, **{k: saved[k] for k in own}}
+    if os.path.isfile(path):
+        saved = load_checkpoint(path, mmap=True, purpose='info')['model_args']
+        own = [k for k in OPERATOR_KEYS if k != 'operator_lr_mult']
+        wrong = [k for k in own if getattr(cfg, k) != OPERATOR_DEFAULTS[k] and getattr(cfg, k) != saved[k]]
+        if wrong:
+            raise UserError(f"{cfg.init_from} was trained with " + ', '.join(f"{k}={saved[k]!r}" for k in wrong)
+                            + ": its weights hold that operator; leave " + ', '.join(f"--{k}" for k in wrong)
+                            + " unset, or start from scratch")
+        vars(cfg).update({k: saved[k] for k in own})
+    return {k: getattr(cfg, k) for k in OPERATOR_KEYS}
 
 
 def wrap_ddp(model, device):
@@ -151,15 +148,14 @@ def config_text(value):
 
 def open_run_folder(cfg, defaults, resumed, iter_num, held):
     """Rank 0's run folder, after every check of the input (bad input overwrites nothing, leaves no train.lock): locked
-    until the run ends, log.jsonl cut back to the checkpoint (a crash's later lines are written again) or an old
-    run's checkpoints removed, config.json written, the keys changed from train.py's defaults named. Returns the
-    run's W&B logger (the module lab/wandb_log.py, started) with --wandb_log=True, else None."""
+    until the run ends, log.jsonl cut back to the checkpoint (a crash's later lines are written again) or an old run's
+    checkpoints removed, config.json written, the changed keys named. Returns lab/wandb_log, started, or None."""
     ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
     if not resumed and os.path.exists(ckpt_path) and not cfg.overwrite:
         raise UserError(f"{ckpt_path} exists: continue it with --init_from=resume, pick another --out_dir, or pass "
                         f"--overwrite=True to start over")
     logger = None
-    if cfg.wandb_log:  # imported before the folder is claimed: without the wandb package, one line, no train.lock
+    if cfg.wandb_log:  # imported before the folder is claimed: without the package, one line, no train.lock
         from lab import wandb_log as logger
     # read before the folder is claimed: a bad line is one line, no train.lock (a run holding it is refused below)
     kept = [json.dumps(e) + '\n' for e in read_log(cfg.out_dir) if e.get('iter', math.inf) <= iter_num] if resumed else []
@@ -205,9 +201,8 @@ def claim_run_folder(out_dir):
 
 
 def checkpoint_state(model, optimizer, scaler, cfg, meta, progress, data_rng, device):
-    """Everything a resumed run needs to continue exactly: weights, optimizer moments, config, progress, RNGs (bytes
-    changed on disk are one line at the next load: torch.save writes each record's CRC-32,
-    lab/file_checks.changed_records)."""
+    """Everything a resumed run needs to continue exactly: weights, moments, config, progress, RNGs (bytes changed on
+    disk are one line at the next load: torch.save writes each record's CRC-32, lab/file_checks.changed_records)."""
     return dict(model=saved_weights(model, cfg.train_only), weights=cfg.train_only, optimizer=optimizer.state_dict(),
                 scaler=scaler.state_dict(), model_args=asdict(model.config), config=vars(cfg), **progress,
                 source=model.source,
