@@ -65,8 +65,7 @@ def plot_occupancy(reports, path, attention=()):
 
 
 def plot_gamma_delta(runs, path, attention=()):
-    """runs: {label: (γ, δ)}: every head in the (γ, δ) plane by layer, the corridor shaded, attention's point (0, 1)
-    marked; attention: the labels of attention runs compared (every head on that point), named in the title."""
+    """runs: {label: (γ, δ)}, a panel each; attention: the labels of attention runs (every head at (0, 1)), named."""
     fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.8), squeeze=False)
     for ax, (label, (gamma, delta)) in zip(axes[0], runs.items()):
         ax.axvspan(-1, 0, color='tab:green', alpha=0.12, label='corridor −1 < γ < 0')
@@ -78,8 +77,8 @@ def plot_gamma_delta(runs, path, attention=()):
                        label=f'layer {layer}' if len(gamma) <= 8 else None)
         ax.scatter([0], [1], marker='*', s=260, facecolor='none', edgecolor='tab:red', linewidth=1.6, zorder=3,
                    label='attention (γ = 0, δ = 1)')  # hollow: heads that stay near attention show through
-        ax.set(xlim=(min(-1, gamma.min().item()) - 0.15, max(0.15, gamma.max().item() + 0.15)), xlabel='γ = c_I / c_P',
-               ylabel='δ = c_P')
+        ax.set(xlim=(min(-1, gamma.min().item()) - 0.15, max(0.15, gamma.max().item() + 0.15)),
+               xlabel='γ = c_I / c_P', ylabel='δ = c_P')
         ax.set_title(label, fontsize=10)
         ax.legend(fontsize=7, loc='best')
         if len(gamma) > 8:  # a pretrained model's 30 layers: a colour scale, not 30 legend entries
@@ -101,24 +100,21 @@ def plot_evolution(log, path, title):
     pairs = math.ceil(n_layer / columns)
     fig, axes = plt.subplots(2 * pairs, columns, figsize=(3.2 * columns, 2.7 * 2 * pairs), sharex=True, squeeze=False,
                              height_ratios=[3, 2] * pairs)  # γ's row taller: its axis spans the whole corridor
-    for layer in range(n_layer):
-        top, bottom = axes[2 * (layer // columns)][layer % columns], axes[2 * (layer // columns) + 1][layer % columns]
+    panels = axes.reshape(pairs, 2, columns).transpose(0, 2, 1).reshape(-1, 2)  # (γ, δ) per layer, row by row
+    for layer, (top, bottom) in enumerate(panels[:n_layer]):
         for head in range(n_head):
             top.plot(tokens, gamma[:, layer, head].tolist(), lw=1.4, color=f'C{head % 10}', label=f'head {head}')
             bottom.plot(tokens, delta[:, layer, head].tolist(), lw=1.4, color=f'C{head % 10}')
-        low, high = min(gamma[:, layer].min().item(), -1.0), max(gamma[:, layer].max().item(), 0.0)
-        margin = 0.06 * (high - low)
-        top.set_ylim(low - margin, high + margin)
-        top.axhspan(-1, 0, color='tab:green', alpha=0.12)
+        top.axhspan(-1, 0, color='tab:green', alpha=0.12)  # γ's axis: the whole corridor and every head
+        top.margins(y=0.06)
         for edge in (-1, 0):
             top.axhline(edge, color='tab:green', lw=1, zorder=1)  # under the heads, which start on γ = 0
         # heads that stay near 0 are a few pixels on an axis down to −1: their final values, in words
         top.set_title('layer {}: γ ends {:+.2f} … {:+.2f}'.format(layer, *gamma[-1, layer].aminmax()), fontsize=9)
         top.set_ylabel('γ (shaded: the corridor)' if layer % columns == 0 else '')
         bottom.set(ylabel='δ' if layer % columns == 0 else '', xlabel='tokens seen (millions)')
-    for empty in range(n_layer, pairs * columns):
-        axes[2 * (empty // columns)][empty % columns].axis('off')
-        axes[2 * (empty // columns) + 1][empty % columns].axis('off')
+    for empty in panels[n_layer:].flat:
+        empty.axis('off')
     named = n_head <= 10  # beyond ten heads the colours repeat: a legend would mislead
     if named:
         fig.legend(*axes[0][0].get_legend_handles_labels(), loc='lower center', ncol=n_head, fontsize=8,
@@ -127,42 +123,45 @@ def plot_evolution(log, path, title):
     return save(fig, path, rect=(0, 0.55 / fig.get_figheight() if named else 0, 1, 1))
 
 
-def plot_losses(curves, path, title):
-    """curves: {label: (tokens, losses)} overlaid."""
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    for label, (tokens, losses) in curves.items():
-        ax.plot([t / 1e6 for t in tokens], losses, marker='.', label=label)
-    ax.set(xlabel='tokens seen (millions)', ylabel='loss (nats per token)', title=title)
-    ax.legend(fontsize=8)
-    return save(fig, path)
-
-
-def plot_loss_comparison(curves, path, title):
-    """curves: {label: (tokens, losses)}, the first the reference: overlaid, and below each other run's difference
-    from it at the evaluations they share, with what one run per variant can and cannot say."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 6), sharex=True, height_ratios=(3, 2))
-    (ref_label, (ref_tokens, ref_losses)), *others = curves.items()
+def plot_losses(curves, path, title, compare=False):
+    """curves: {label: (tokens, losses)} overlaid. compare: the first is the reference, and a panel below shows each
+    other run's difference from it at the evaluations they share, with what one run per variant can and cannot say."""
+    fig, axes = plt.subplots(1 + compare, 1, figsize=(6.4, 6) if compare else (6, 3.8), sharex=True,
+                             squeeze=False, height_ratios=(3, 2) if compare else None)
+    top, bottom = axes[0, 0], axes[-1, 0]
+    ref_label, (ref_tokens, ref_losses) = next(iter(curves.items()))
     reference = dict(zip(ref_tokens, ref_losses))
     for k, (label, (tokens, losses)) in enumerate(curves.items()):
-        # a style and marker per run, not colour alone: the reference thick and solid, under the others' thin dashes
+        # a style and marker per curve, not colour alone: the first thick and solid, under the others' thin dashes
         style = dict(ls='-', marker='o', lw=2.6, ms=5, mfc='none') if k == 0 else \
             dict(ls=('--', ':', '-.')[(k - 1) % 3], marker='s^vD<>'[(k - 1) % 6], lw=1.4, ms=4, zorder=3)
         every = max(1, len(tokens) // 15)
         top.plot([t / 1e6 for t in tokens], losses, color=f'C{k}', label=label, markevery=every, **style)
-        if k:
+        if k and compare:
             shared = [(t, loss - reference[t]) for t, loss in zip(tokens, losses) if t in reference]
             bottom.plot([t / 1e6 for t, _ in shared], [d for _, d in shared], color=f'C{k}', markevery=every,
                         label=f'{label} − {ref_label}' + (f': {shared[-1][1]:+.4f} at the end' if shared else '')
                         + f'\n(< 0: {label} lower)', **style)
-    bottom.axhline(0, color='black', lw=0.7)
     top.set(ylabel='loss (nats per token)', title=title)
     top.legend(fontsize=8)
-    bottom.set(ylabel='run − reference (nats)', xlabel='tokens seen (millions)')
-    bottom.legend(fontsize=7, loc='upper center', bbox_to_anchor=(0.5, -0.32))  # below the panel: on no point
-    # a caption under the axes, never over a curve (tight_layout leaves room for a figure's supxlabel)
-    fig.supxlabel('one run each: a difference is evidence only against the seed-to-seed spread;\n'
-                  'train several seeds (python -m lab.sweep) before reading a sign into it', fontsize=7, color='0.3')
+    bottom.set(xlabel='tokens seen (millions)')
+    if compare:
+        bottom.axhline(0, color='black', lw=0.7)
+        bottom.set(ylabel='run − reference (nats)')
+        bottom.legend(fontsize=7, loc='upper center', bbox_to_anchor=(0.5, -0.32))  # below the panel: on no point
+        # a caption under the axes, never over a curve (tight_layout leaves room for a figure's supxlabel)
+        fig.supxlabel('one run each: a difference is evidence only against the seed-to-seed spread;\n'
+                      'train several seeds (python -m lab.sweep) before reading a sign into it',
+                      fontsize=7, color='0.3')
     return save(fig, path)
+
+
+def plot_walks(logs, path, title):
+    """logs: {label: log}; walk.png of those trained with walk_interval: the second paper's geometry, the lab's."""
+    walked = {label: [log] for label, log in logs.items() if any('walk' in e for e in log)}
+    if walked:
+        from lab.figures import plot_walk_evolution
+        plot_walk_evolution(walked, path, title)
 
 
 def analyze_run(run, out):
@@ -177,18 +176,16 @@ def analyze_run(run, out):
     with atomic_write(os.path.join(out, 'corridor.json')) as f:
         json.dump(report, f, indent=1)
     scalars = report['operator'] != 'attention'  # plain attention has none: every head is (c_I, c_P) = (0, 1)
+    log = run['log']
     if scalars:
         plot_occupancy({run['name']: report}, os.path.join(out, 'occupancy.png'))
         plot_gamma_delta({run['name']: (run['gamma'], run['delta'])}, os.path.join(out, 'gamma_delta.png'))
-    log = run['log']
-    if log and scalars:
-        plot_evolution(log, os.path.join(out, 'evolution.png'), run['name'])
+        if log:
+            plot_evolution(log, os.path.join(out, 'evolution.png'), run['name'])
     if log:
         plot_losses({split: ([e['tokens'] for e in log], [e[f'{split}_loss'] for e in log])
                      for split in ('train', 'val')}, os.path.join(out, 'loss.png'), f"{run['name']}: loss")
-    if any('walk' in e for e in log):  # the second paper's geometry, logged by walk_interval: the lab's
-        from lab.figures import plot_walk_evolution
-        plot_walk_evolution({run['name']: [log]}, os.path.join(out, 'walk.png'), run['name'])
+    plot_walks({run['name']: log}, os.path.join(out, 'walk.png'), run['name'])
     table = layer_table(report) if scalars else \
         "plain attention: every head's (c_I, c_P) is (0, 1), γ = 0, δ = 1, nothing to place in the corridor"
     header = f"# {run['name']}: operator {report['operator']}, iter {run['iter']}\n\n"
@@ -216,20 +213,16 @@ def compare_runs(runs, reports, out):
                          os.path.join(out, 'gamma_delta.png'), attention=attention)
     logged = [r for r in runs if r['log']]
     if len(logged) > 1:  # the first run is the reference the others are compared with
-        plot_loss_comparison({label(r): ([e['tokens'] for e in r['log']], [e['val_loss'] for e in r['log']])
-                              for r in logged}, os.path.join(out, 'val_loss.png'), 'validation loss')
-    walked = {label(r): [r['log']] for r in runs if any('walk' in e for e in r['log'])}
-    if walked:
-        from lab.figures import plot_walk_evolution
-        plot_walk_evolution(walked, os.path.join(out, 'walk.png'), 'runs compared')
+        curves = {label(r): ([e['tokens'] for e in r['log']], [e['val_loss'] for e in r['log']]) for r in logged}
+        plot_losses(curves, os.path.join(out, 'val_loss.png'), 'validation loss', compare=True)
+    plot_walks({label(r): r['log'] for r in runs}, os.path.join(out, 'walk.png'), 'runs compared')
     rows = [f"| run | operator | iter | final val loss | − {runs[0]['name']} | best val loss | corridor occupancy |",
             "|---|---|---|---|---|---|---|"]
-    first = runs[0]['log'][-1]['val_loss'] if runs[0]['log'] else float('nan')
-    for r in runs:
-        final = r['log'][-1]['val_loss'] if r['log'] else float('nan')
+    finals = [r['log'][-1]['val_loss'] if r['log'] else float('nan') for r in runs]
+    for r, final in zip(runs, finals):
         best = min((e['val_loss'] for e in r['log']), default=float('nan'))
         occupancy = '–' if r['config']['operator'] == 'attention' else f"{reports[r['name']]['occupancy']:.0%}"
-        rows.append(f"| {r['name']} | {r['config']['operator']} | {r['iter']} | {final:.4f} | {final - first:+.4f} "
+        rows.append(f"| {r['name']} | {r['config']['operator']} | {r['iter']} | {final:.4f} | {final - finals[0]:+.4f} "
                     f"| {best:.4f} | {occupancy} |")
     rows.append("\nOne run per variant: a difference means something only against the seed-to-seed spread of the "
                 "same setting; train several seeds (python -m lab.sweep) before reading a sign into it.")

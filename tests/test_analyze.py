@@ -173,8 +173,8 @@ def legend_texts(legend):
 
 def test_val_loss_curves_differ_by_style_the_difference_says_its_sign_and_the_caveat_is_off_the_data(figures):
     tokens = [0, 100, 200, 300]
-    analyze.plot_loss_comparison({'attention': (tokens, [4.0, 3.0, 2.5, 2.2]),
-                                  'corridor': (tokens, [4.0, 3.0, 2.5, 2.19])}, 'val_loss.png', 'validation loss')
+    analyze.plot_losses({'attention': (tokens, [4.0, 3.0, 2.5, 2.2]), 'corridor': (tokens, [4.0, 3.0, 2.5, 2.19])},
+                        'val_loss.png', 'validation loss', compare=True)
     fig = figures['val_loss.png']
     top, bottom = fig.axes
     styles = [(line.get_linestyle(), line.get_marker()) for line in top.get_lines()]
