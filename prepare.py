@@ -34,8 +34,7 @@ SHAKESPEARE_SHA256 = '86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2d
 
 @contextmanager
 def atomic_output_dir(final):
-    """A scratch folder renamed to `final` if the block completes; else removed (a full disk: a WriteFailed)."""
-    final = Path(final)
+    """A scratch folder renamed to the Path final if the block completes; else removed (a full disk: a WriteFailed)."""
     partial, old = final.with_name(final.name + '.partial'), final.with_name(final.name + '.old')
     shutil.rmtree(partial, ignore_errors=True)
     shutil.rmtree(old, ignore_errors=True)  # left by a crash between the two renames below
@@ -60,7 +59,6 @@ def atomic_output_dir(final):
 
 
 def read_utf8(path):
-    """A text file's content, or one line naming a file that is not UTF-8 text."""
     try:
         return path.read_text(encoding='utf-8')
     except UnicodeDecodeError as e:
@@ -68,18 +66,17 @@ def read_utf8(path):
 
 
 def tokenizer(name, texts):
-    """(encode, vocab_size, meta.json entries, the ids that close a document) of --tokenizer: one token per character
-    of texts (all of them, so no validation character is unknown), GPT-2's BPE, or a pretrained model's own."""
+    """(encode, vocab_size, meta.json entries, with the eot_token if there is one) of --tokenizer: one token per
+    character of texts (all of them, so no validation character is unknown), GPT-2's BPE, or a pretrained model's."""
     if name == 'char':
         itos = sorted(set().union(*texts))
         stoi = {c: i for i, c in enumerate(itos)}
-        return (lambda s: [stoi[c] for c in s]), len(itos), {'itos': itos}, []
+        return (lambda s: [stoi[c] for c in s]), len(itos), {'itos': itos}
     if name == 'gpt2':
         enc = gpt2_encoding()
-        return enc.encode_ordinary, enc.n_vocab, {'eot_token': enc.eot_token}, [enc.eot_token]
+        return enc.encode_ordinary, enc.n_vocab, {'eot_token': enc.eot_token}
     from lab import hf_tokenizer  # a pretrained model's own tokenizer: the lab's (and transformers')
-    encode, vocab_size, extra = hf_tokenizer.data_tokenizer(name)
-    return encode, vocab_size, extra, [extra['eot_token']] if 'eot_token' in extra else []
+    return hf_tokenizer.data_tokenizer(name)
 
 
 def write(out, train_ids, val_ids, source, tokenizer_name, vocab_size, extra):
@@ -96,8 +93,7 @@ def write(out, train_ids, val_ids, source, tokenizer_name, vocab_size, extra):
 
 
 def shakespeare(input_path):
-    """(train, val, source): nanoGPT's split, the first 90% of the characters train, the rest validate. The shipped
-    copy is refused in one line if its bytes are not the known ones (a partial clone, an edit)."""
+    """(train, val, source): nanoGPT's split, the first 90% of the characters train, the rest validate."""
     if input_path:
         text = read_utf8(Path(input_path))
     else:
@@ -116,7 +112,7 @@ def wikitext2(input_path):
     validation split (1.15M characters) trains, the test split (1.29M) validates (left out: the 10.9M train split,
     which an offline copy lacks). From `datasets`, or --input's wiki.valid.raw and wiki.test.raw."""
     if input_path:
-        files = [Path(input_path) / 'wiki.valid.raw', Path(input_path) / 'wiki.test.raw']
+        files = [Path(input_path) / f'wiki.{split}.raw' for split in ('valid', 'test')]
         missing = [str(p) for p in files if not p.is_file()]
         if missing:
             raise UserError(f"--input {input_path}: expected a folder with wiki.valid.raw and wiki.test.raw, "
@@ -149,7 +145,7 @@ def read_documents(input_path, text_field):
                     raise UserError(f"{path}:{n}: not a JSON object with a {text_field!r} field") from None
                 if not isinstance(documents[-1], str):
                     raise UserError(f"{path}:{n}: its {text_field!r} field is a {type(documents[-1]).__name__}, "
-                                    f"not text") from None
+                                    f"not text")
         else:
             documents.append(read_utf8(path))
     return documents
@@ -158,7 +154,8 @@ def read_documents(input_path, text_field):
 def prepare_text(out, args):
     """Your own files, concatenated in order (an end-of-text token after each), the last val_fraction validating."""
     documents = read_documents(args.input, args.text_field)
-    encode, vocab_size, extra, end = tokenizer(args.tokenizer, documents)
+    encode, vocab_size, extra = tokenizer(args.tokenizer, documents)
+    end = [extra['eot_token']] if 'eot_token' in extra else []  # none for characters
     if args.tokenizer != 'char':  # a pretrained model's tokenizer adds its own 'tokenizing' bar, line by line
         documents = tqdm(documents, desc='tokenizing' if args.tokenizer == 'gpt2' else 'documents', unit='doc')
     ids = [i for doc in documents for i in encode(doc) + end]
@@ -205,7 +202,7 @@ def main():
             corpus = args.dataset.removesuffix('_char')
             train, val, source = (shakespeare if corpus == 'shakespeare' else wikitext2)(args.input)
             tokenizer_name = 'char' if args.dataset.endswith('_char') else args.tokenizer
-            encode, vocab_size, extra, _ = tokenizer(tokenizer_name, (train, val))
+            encode, vocab_size, extra = tokenizer(tokenizer_name, (train, val))
             if 'tokenizer_source' in extra:  # a tokenizer mismatch names the corpus to prepare again
                 extra = {'dataset': corpus, **extra}
             write(out, encode(train), encode(val), source, tokenizer_name, vocab_size, extra)
