@@ -3,11 +3,12 @@ GPT-2 (as nanoGPT builds it) where every attention head applies an operator from
 
     out_h = c_I·V_h + c_P·(P_h V_h)        P_h = causal softmax(Q_h K_hᵀ / √d_head)
 
-Plain attention is (c_I, c_P) = (0, 1); the convex corridor δ(γI + P) is (δγ, δ), for −1 < γ < 0 a scaled convex
-mix of attention P and the negative Laplacian P − I. OPERATORS is the whole family; apply_operator is its one line,
-`c_I * v + c_P * pv`, which CausalSelfAttention applies after P·V from F.scaled_dot_product_attention (training,
-sampling: the fast path, torch.compile fuses the line) or from P built explicitly (analysis: the math path), and a
-pretrained model's attention applies it too (lab/pretrained.py): edit it, and what every model trains changes.
+Plain attention is (c_I, c_P) = (0, 1); the convex corridor δ(γI + P) is (δγ, δ), for −1 < γ < 0 a
+scaled convex mix of attention P and the negative Laplacian P − I. OPERATORS is the whole family;
+apply_operator is its one line, `c_I * v + c_P * pv`, which CausalSelfAttention applies after P·V
+from F.scaled_dot_product_attention (training, sampling: the fast path, torch.compile fuses the
+line) or from P built explicitly (analysis: the math path), and a pretrained model's attention
+applies it too (lab/pretrained.py): edit it, and what every model trains changes.
 """
 
 import math
@@ -21,7 +22,7 @@ from torch.nn import functional as F
 
 @dataclass
 class GPTConfig:
-    """The model's keys. A key added here needs a default that gives the behaviour models had before it existed: a
+    """The model's keys. A new key needs a default giving the behaviour models had before it: a
     checkpoint saved without the key is read with that default (sources.py says so in one line)."""
     block_size: int = 1024
     vocab_size: int = 50257     # the tokenizer's; the embedding is padded to a multiple of 64 (faster matmuls)
@@ -39,10 +40,6 @@ class GPTConfig:
     learn_delta: bool = True    # corridor: False makes δ a fixed buffer
     gamma_nonneg: bool = False  # corridor: γ ≥ 0 always (claim (c); see NonNegative)
     operator_lr_mult: float = 1.0  # learning-rate multiplier of the operator's scalars (a training setting)
-
-    @property
-    def padded_vocab_size(self):
-        return 64 * math.ceil(self.vocab_size / 64)
 
 
 # The operator family: every form is out_h = c_I·V_h + c_P·(P_h V_h) with its own per-head (c_I, c_P).
@@ -70,15 +67,13 @@ class OperatorForm(NamedTuple):
     keys: tuple = ()        # the GPTConfig keys it reads besides `operator`; another one set is an error
 
 
-START = ('gamma_init', 'delta_init', 'init_spread', 'operator_lr_mult')  # what every learnable form reads
-
-
 def laplacian_init(gamma0, delta0, config):
-    """I − P = δ(γI + P): γ = δ = −1 on the last laplacian_heads heads; the others stay (0, 1), attention."""
+    """I − P = δ(γI + P) at γ = δ = −1, on the last laplacian_heads heads; the others: attention."""
     is_laplacian = torch.arange(config.n_head) >= config.n_head - config.laplacian_heads
     return torch.where(is_laplacian, -1.0, 0.0), torch.where(is_laplacian, -1.0, 1.0)
 
 
+START = ('gamma_init', 'delta_init', 'init_spread', 'operator_lr_mult')  # what learnable forms read
 OPERATORS = {
     'attention':  OperatorForm((), learnable=False, init=lambda g0, d0, config: (),
                                coefficients=lambda: (0.0, 1.0)),
@@ -93,20 +88,19 @@ OPERATORS = {
                                init=lambda g0, d0, config: (d0 * (1 + g0), d0 * g0),
                                coefficients=lambda alpha, beta: (beta, alpha - beta), keys=START),
 }
-# the operator's keys, from the table: what train.py takes over (with their defaults) and a resume keeps fixed
-OPERATOR_KEYS = ('operator', *dict.fromkeys(key for form in OPERATORS.values() for key in form.keys))
+# the operator's keys, from the table: train.py takes them over (with defaults), a resume keeps them
+OPERATOR_KEYS = ('operator', *dict.fromkeys(k for form in OPERATORS.values() for k in form.keys))
 OPERATOR_DEFAULTS = {key: GPTConfig.__dataclass_fields__[key].default for key in OPERATOR_KEYS}
 
 
 def apply_operator(c_I, c_P, v, pv):
-    """out_h = c_I·V_h + c_P·(P_h V_h): the line every model here trains through, our GPT's two attention paths and a
-    pretrained model's attention alike; torch.compile fuses it into the kernels around it."""
+    """out_h = c_I·V_h + c_P·(P_h V_h): the line every model here trains through, pretrained too."""
     return c_I * v + c_P * pv
 
 
 class OperatorCoefficients(nn.Module):
-    """One layer's per-head (c_I, c_P) from its form's scalars: parameters, or buffers where fixed. float32 even
-    under autocast: dL/dc sums B·T·head_size products per head, and in bf16 δ ≈ 1 moves in steps of 0.4 %."""
+    """One layer's per-head (c_I, c_P) from its form's scalars: parameters, or buffers where fixed.
+    float32 under autocast: dL/dc sums B·T·head_size products a head; bf16 steps δ ≈ 1 by 0.4 %."""
 
     def __init__(self, config):
         super().__init__()
@@ -121,21 +115,17 @@ class OperatorCoefficients(nn.Module):
                 self.register_buffer(name, value)
         if config.gamma_nonneg:
             nn.utils.parametrize.register_parametrization(self, 'gamma', NonNegative())
-        # attention's 0 and 1 are numbers, which model.to() can't move: this empty buffer gives them device and dtype
+        # model.to() moves no number: this empty buffer gives attention's 0, 1 a device and a dtype
         self.register_buffer('anchor', torch.zeros(0), persistent=False)
-
-    @property
-    def is_plain_attention(self):
-        return not self.form.params
+        self.is_plain_attention = not self.form.params
 
     def forward(self):  # (c_I, c_P), each [n_head] on the module's device
+        coefficients = self.form.coefficients(*(getattr(self, name) for name in self.form.params))
         return tuple(c.expand(self.n_head) if torch.is_tensor(c) else
-                     torch.full((self.n_head,), c, dtype=self.anchor.dtype, device=self.anchor.device)
-                     for c in self.form.coefficients(*(getattr(self, name) for name in self.form.params)))
+                     self.anchor.new_full((self.n_head,), c) for c in coefficients)
 
 
 class CausalSelfAttention(nn.Module):
-
     def __init__(self, config):
         super().__init__()
         self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
@@ -143,16 +133,16 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.coefficients = OperatorCoefficients(config)  # this layer's (c_I, c_P) per head, from OPERATORS
+        self.coefficients = OperatorCoefficients(config)  # (c_I, c_P) per head, from OPERATORS
 
     def forward(self, x, cache=None, return_probs=False):
-        """x [B, T, C] -> (y [B, T, C], P [B, n_head, T, T] on the math path (return_probs), else None).
+        """x [B, T, C] -> (y [B, T, C], the math path's P [B, n_head, T, T] (return_probs) or None).
         cache: a KVCache layer slot for generation (the earlier positions' keys and values)."""
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # [B, H, T, hs]
-        k_all, v_all = cache.extend(k, v) if cache is not None else (k, v)  # P·V reads every position so far
-        causal = cache is None or k_all.size(2) == T  # after a cached prefix, a new token sees every position
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # [B, H, T, hs]
+                   for t in self.c_attn(x).split(self.n_embd, dim=2))
+        k_all, v_all = cache.extend(k, v) if cache is not None else (k, v)  # every position so far
+        causal = cache is None or k_all.size(2) == T  # a token after a cached prefix sees all
         assert causal or T == 1, "after the first forward, a cached forward takes one token at a time"
         probs = None
         if return_probs:  # the math path
@@ -161,21 +151,21 @@ class CausalSelfAttention(nn.Module):
             probs = F.softmax(att, dim=-1)
             pv = self.attn_dropout(probs) @ v_all
         else:  # the fast path: flash / memory-efficient kernels, never a T×T matrix
-            pv = F.scaled_dot_product_attention(q, k_all, v_all, dropout_p=self.dropout if self.training else 0.0,
-                                                is_causal=causal)
-        # [B, T, H, hs], SDPA's output layout: merging the heads is then a free view (a copy ran 11 % slower)
+            pv = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=causal,
+                                                dropout_p=self.dropout if self.training else 0.0)
+        # [B, T, H, hs], SDPA's output layout: heads merge in a free view (a copy ran 11 % slower)
         v, pv = v.transpose(1, 2), pv.transpose(1, 2)
         if self.coefficients.is_plain_attention:
-            y = pv  # (c_I, c_P) = (0, 1): attention stays nanoGPT's, whatever apply_operator becomes
+            y = pv  # (c_I, c_P) = (0, 1): nanoGPT's attention, whatever apply_operator becomes
         else:
-            c_I, c_P = (c.view(-1, 1) for c in self.coefficients())  # this layer's operator: [H, 1] each
-            y = apply_operator(c_I, c_P, v, pv)                      # out_h = c_I·V_h + c_P·(P_h V_h)
+            c_I, c_P = (c.view(-1, 1) for c in self.coefficients())  # [H, 1] each
+            y = apply_operator(c_I, c_P, v, pv)  # out_h = c_I·V_h + c_P·(P_h V_h)
         return self.resid_dropout(self.c_proj(y.reshape(B, T, C))), probs
 
 
 class NonNegative(nn.Module):
-    """γ = max(raw, 0), its gradient blocked only where it would push a clamped γ further down: a plain clamp would
-    keep a γ that touched 0 there for good, a straight-through one would let raw sink far below while pushed."""
+    """γ = max(raw, 0), its gradient blocked only where it pushes a clamped γ lower: a plain clamp
+    would keep a γ that touched 0 for good, a straight-through one let raw sink far while pushed."""
 
     class Clamp(torch.autograd.Function):
         @staticmethod
@@ -193,11 +183,10 @@ class NonNegative(nn.Module):
 
 
 class MLP(nn.Module):
-
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate='tanh')  # GPT-2's own GELU, so imported weights give GPT-2's logits
+        self.gelu = nn.GELU(approximate='tanh')  # GPT-2's own: imported weights give its logits
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -206,7 +195,6 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-
     def __init__(self, config):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
@@ -221,18 +209,18 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-
     def __init__(self, config):
         super().__init__()
-        self.config = config
+        self.config, self.head_size = config, config.n_embd // config.n_head
+        padded_vocab_size = 64 * math.ceil(config.vocab_size / 64)
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
+            wte=nn.Embedding(padded_vocab_size, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
-        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, padded_vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         for module in self.modules():  # GPT-2's initialisation
             if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -243,21 +231,15 @@ class GPT(nn.Module):
             if name.endswith('c_proj.weight'):  # residual projections scaled by 1/sqrt(2 * n_layer)
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
-    @property
-    def head_size(self):
-        return self.config.n_embd // self.config.n_head
-
-    def get_num_params(self, non_embedding=True):
-        """Parameter count; position embeddings excluded by default (token embeddings count: tied to lm_head)."""
+    def get_num_params(self, non_embedding=True):  # without wpe by default (wte is lm_head too)
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
-    def non_embedding_params(self):
-        """Without the token and position embeddings: the count that doesn't depend on the vocabulary (scaling laws)."""
+    def non_embedding_params(self):  # without wte too: scaling laws' count
         return self.get_num_params() - self.transformer.wte.weight.numel()
 
     def _trunk(self, idx, cache=None, return_probs=False):
-        """Embeddings and blocks: (final hidden states [B, T, C], [every layer's P, or None on the fast path])."""
+        """(hidden states [B, T, C], [each layer's P, or None on the fast path]) of idx [B, T]."""
         B, T = idx.size()
         start = len(cache) if cache is not None else 0
         if start + T > self.config.block_size:
@@ -266,15 +248,15 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         probs = []
         for i, block in enumerate(self.transformer.h):
-            x, p = block(x, cache=cache.layers[i] if cache is not None else None, return_probs=return_probs)
+            x, p = block(x, cache.layers[i] if cache is not None else None, return_probs)
             probs.append(p)
         return self.transformer.ln_f(x), probs
 
-    def _logits(self, x):  # the padded vocabulary's rows are no tokens: no probability, no gradient reaches them
+    def _logits(self, x):  # the padded rows are no tokens: no probability, no gradient reaches them
         return self.lm_head(x)[..., :self.config.vocab_size]
 
     def forward(self, idx, targets=None, **loss_options):
-        """idx [B, T] -> (logits [B, T, vocab_size], lm_loss or None); loss_options: the training step's."""
+        """idx [B, T] -> (logits [B, T, vocab_size], lm_loss or None); loss_options: training's."""
         logits = self._logits(self._trunk(idx)[0])
         return logits, None if targets is None else lm_loss(logits, targets, **loss_options)
 
@@ -284,7 +266,7 @@ class GPT(nn.Module):
         return self._logits(x), probs
 
     def operator_coefficients(self):
-        """(c_I, c_P) of every head, whatever the form: a float tensor [n_layer, n_head, 2], detached, on CPU."""
+        """(c_I, c_P) of every head, any form: float [n_layer, n_head, 2], detached, on CPU."""
         with torch.no_grad():
             return torch.stack([torch.stack(block.attn.coefficients(), dim=-1).float().cpu()
                                 for block in self.transformer.h])
@@ -293,9 +275,8 @@ class GPT(nn.Module):
         return [p for block in self.transformer.h for p in block.attn.coefficients.parameters()]
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW: weight decay on ≥2-D weights only. The operator scalars get none, because decay would pull every
-        form toward c = 0 (a dead head), not toward attention, and their own learning-rate multiplier, kept in each
-        group as 'lr_mult' for the schedule."""
+        """AdamW, decay on ≥2-D weights only: on the operator's scalars it would pull each form to
+        c = 0 (a dead head), not to attention. Each group keeps its 'lr_mult' for the schedule."""
         operator = {id(p) for p in self.operator_parameters()}
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [([p for p in params if p.dim() >= 2], weight_decay, 1.0),
@@ -307,34 +288,28 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None):
-        """Sample max_new_tokens after idx [B, T] (temperature 0: greedy), the KV cache giving the tokens recomputing
-        would; past block_size the context is cropped and, since positions shift, the cache rebuilt from it."""
+        """Sample max_new_tokens after idx [B, T] (temperature 0: greedy); the KV cache changes no
+        token. Past block_size the context is cropped and, as positions shift, the cache rebuilt."""
         cache = None
         for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size:]
-            if not use_cache:
-                x, _ = self._trunk(context)
-            elif cache is None or len(cache) == self.config.block_size:
-                cache = KVCache(self.config.n_layer)
-                x, _ = self._trunk(context, cache=cache)
+            if cache is not None and len(cache) < self.config.block_size:
+                x, _ = self._trunk(idx[:, -1:], cache=cache)  # the new token after the cached ones
             else:
-                x, _ = self._trunk(idx[:, -1:], cache=cache)
-            idx = torch.cat((idx, next_token(self._logits(x[:, -1, :]), temperature, top_k, generator)), dim=1)
+                cache = KVCache(self.config.n_layer) if use_cache else None
+                x, _ = self._trunk(idx[:, -self.config.block_size:], cache=cache)
+            token = next_token(self._logits(x[:, -1, :]), temperature, top_k, generator)
+            idx = torch.cat((idx, token), dim=1)
         return idx
 
 
 def lm_loss(logits, targets, **options):
-    """The loss every model here trains on and reports (our GPT, a pretrained one): mean next-token cross-entropy over
-    targets ≠ -1, in at least float32. options (label_smoothing, or whatever you add here) are the training step's
-    (train.py's label_smoothing); evaluation passes none, so the reported loss stays plain cross-entropy."""
-    logits = logits.flatten(0, -2)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    """Mean next-token cross-entropy over targets ≠ -1, in at least float32: every model's training
+    and reported loss. options (label_smoothing, ...) are training's; evaluation passes none."""
+    logits = logits.flatten(0, -2).to(torch.promote_types(logits.dtype, torch.float32))
     return F.cross_entropy(logits, targets.flatten(), ignore_index=-1, **options)
 
 
-class KVCache:
-    """Keys and values of every layer for the positions generated so far."""
-
+class KVCache:  # keys and values of every layer for the positions generated so far
     def __init__(self, n_layer):
         self.layers = [KVCache.Layer() for _ in range(n_layer)]
 
@@ -351,8 +326,8 @@ class KVCache:
 
 
 def next_token(logits, temperature, top_k, generator):
-    """[B, 1] tokens drawn from logits [B, vocab] at this temperature (0: greedy) among the top_k likeliest (None:
-    all). masked_fill, as a boolean-mask assignment (index_put_) would wait for the host on CUDA at every token."""
+    """[B, 1] tokens from logits [B, vocab] at this temperature (0: greedy), of the top_k likeliest
+    (None: all). masked_fill: a boolean-mask assignment (index_put_) waits for the host on CUDA."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits / temperature
@@ -362,15 +337,13 @@ def next_token(logits, temperature, top_k, generator):
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
 
 
-# ---------------------------------------------------------------------------------------------- what the scripts read
+# what the scripts read
+CLAIM_B = -0.05  # claim (b)'s "settled in the corridor", strictly: γ = −0.01 is all but attention
 
 
 def gamma_delta(coefficients):  # (γ, δ) = (c_I / c_P, c_P) from a [..., 2] tensor of (c_I, c_P)
     return coefficients[..., 0] / coefficients[..., 1], coefficients[..., 1]
 
 
-CLAIM_B = -0.05  # claim (b)'s "settled in the corridor", read strictly: a head at γ = −0.01 is hardly off attention
-
-
-def in_corridor(gamma, below=0.0):  # the convex corridor −1 < γ < 0 (or < below), between Laplacian and attention
+def in_corridor(gamma, below=0.0):  # −1 < γ < 0 (or < below): the convex corridor, P − I to P
     return (gamma > -1) & (gamma < below)
