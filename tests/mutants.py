@@ -247,13 +247,13 @@ MUTANTS = [
     # `python -m lab.sweep --launcher=slurm` without SLURM
     Mutant('slurm_absence_unchecked', 'lab/launch.py', "if not shutil.which('sbatch'):", 'if False:',
            k('test_sweep.py', 'without_slurm')),
-    # checkpoint bytes against torch.save's CRC-32s, and finite (sources.changed_records, check_tensors)
-    Mutant('crc_pickle_only_always', 'sources.py',
+    # checkpoint bytes against torch.save's CRC-32s, and finite (lab/file_checks.py: changed_records, check_tensors)
+    Mutant('crc_pickle_only_always', 'lab/file_checks.py',
            "if info.CRC == 0 or pickle_only and not info.filename.endswith('/data.pkl'):",
            "if info.CRC == 0 or not info.filename.endswith('/data.pkl'):", ('tests/test_sources.py',)),
-    Mutant('crc_every_tensor_blamed', 'sources.py', 'if zlib.crc32(storage.numpy()) not in saved_crcs:',
+    Mutant('crc_every_tensor_blamed', 'lab/file_checks.py', 'if zlib.crc32(storage.numpy()) not in saved_crcs:',
            'if zlib.crc32(storage.numpy()) in saved_crcs or True:', ('tests/test_sources.py',)),
-    Mutant('finite_by_the_sum_alone', 'sources.py',
+    Mutant('finite_by_the_sum_alone', 'lab/file_checks.py',
            'not torch.isfinite(t.sum()) and not torch.isfinite(t).all():', 'not torch.isfinite(t.sum()):',
            ('tests/test_sources.py',)),
     # docs/results_recomputed.py: studies.md's tables from the per-seed files (Holm within the report's families)
@@ -326,7 +326,8 @@ MUTANTS = [
            "progress['seconds'] = 0.0", k('test_train.py', 'elapsed_seconds')),
     Mutant('ignored_operator_key_accepted', 'common.py', "(ignored and not saved, f\"operator=", "(False, f\"operator=",
            k('test_common.py', 'does_not_read')),
-    Mutant('missing_model_arg_refused', 'sources.py', "    args.update({key: config.get(key, fields[key].default) for",
+    Mutant('missing_model_arg_refused', 'lab/file_checks.py',
+           "    args.update({key: config.get(key, fields[key].default) for",
            "    if missing:\n        raise ValueError('lacks a key')\n    args.update({key: config.get(key, fields[key].default) for",
            k('test_train.py', 'before_a_model_key_existed')),
     Mutant('label_smoothing_dropped', 'train.py', "**({'label_smoothing': cfg.label_smoothing} if cfg.label_smoothing else {})",

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from common import UserError
-from sources import changed_records, check_tensors, load_checkpoint
+from lab.file_checks import changed_records, check_tensors
+from sources import load_checkpoint
 
 
 def record_of(path, tensor=None):
