@@ -328,8 +328,10 @@ def duration(seconds):
     return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s // 60 % 60:02d}m"
 
 
-def finish(cfg, rank, world, stopped, save, progress, resumed, started):
-    """After the loop: a stopped run saved, its resume named (exit 128 + the signal); a finished one's next commands."""
+def finish(cfg, rank, world, stopped, save, logger, progress, resumed, started):
+    """After the loop: W&B finished; a stopped run saved, its resume named (exit 128 + signal), or the next commands."""
+    if logger:
+        logger.finish()
     if rank == 0 and stopped:
         save(os.path.join(cfg.out_dir, 'ckpt.pt'))
         tqdm.write(f"stopped at iter {progress['iter_num']}; {resume_advice(cfg, world)}")  # torchrun's under DDP

@@ -367,9 +367,7 @@ def train(argv, held):
                 if logger:
                     logger.log_line(iter_num, lossf, lr)
     bar.close()
-    if logger:
-        logger.finish()
-    return run.finish(cfg, rank, world, stop_request if stop else None, save, progress, resumed, started)
+    return run.finish(cfg, rank, world, stop_request if stop else None, save, logger, progress, resumed, started)
 
 
 if __name__ == '__main__':
