@@ -93,8 +93,6 @@ EQUIVALENT = {
         'fused and for-each AdamW compute the same update (speed only); CPU tests pass either way',
     'model.py|def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None):|True -> False|0':
         'use_cache changes only the speed: cached = recomputed tokens is tested',
-    'model.py|if not use_cache:|Not dropped|0':
-        'swaps the cached and recomputed branches, which give the same tokens (tested)',
     'model.py|return logits.argmax(dim=-1, keepdim=True)|USub dropped|0':
         'logits are 2-D [B, vocab]: dim 1 is dim -1',
     'model.py|return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)|USub dropped|0':

@@ -255,6 +255,14 @@ def test_bf16_fast_path_stays_close_to_the_float64_math_path():
 
 # ---------------------------------------------------------------------------------------------- SDPA backends
 
+def test_every_sdpa_backend_train_py_accepts_has_a_kernel_to_try():
+    """common.SDPA_BACKENDS checks the key before anything loads; lab/sdpa.KERNELS maps a name to PyTorch's kernel
+    when the run starts (the lab may not import common back): the two must name the same backends."""
+    from common import SDPA_BACKENDS
+    from lab.sdpa import KERNELS
+    assert SDPA_BACKENDS == ('auto', *KERNELS)
+
+
 @pytest.mark.parametrize('name, expected', [('math', ['math']), ('flash', ['flash'])])
 def test_sdpa_backend_runs_only_the_chosen_kernel(name, expected):
     from lab.bench import sdpa_kernels
