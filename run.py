@@ -301,14 +301,11 @@ class LogWindow:
         return elapsed
 
     def meet(self, stop_seen, ddp):
-        """(the window's mean loss over every process, whether any process was asked to stop): one all-reduce; the
-        next window starts."""
+        """(the window's mean loss over every process, whether any process was asked to stop): one all-reduce."""
         shared = torch.stack([self.loss.float(), torch.tensor(float(stop_seen), device=self.device)])
         if ddp:
             dist.all_reduce(shared, op=dist.ReduceOp.SUM)
-        mean_loss, stop = shared[0].item() / self.world / self.iters, shared[1].item() > 0
-        self.reset()
-        return mean_loss, stop
+        return shared[0].item() / self.world / self.iters, shared[1].item() > 0
 
     def speed(self, iter_num):
         """', N tok/s, mfu M%, T ms/iter, ETA E' ('' before a timed step): MFU per device, ETA at this pace."""

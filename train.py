@@ -366,6 +366,7 @@ def train(argv, held):
                            f"{window.speed(iter_num)}{operator_summary(raw_model)}")
                 if logger:
                     logger.log_line(iter_num, lossf, lr)
+            window.reset()  # after the line: its speed reads this window's clock
     bar.close()
     return run.finish(cfg, rank, world, stop_request if stop else None, save, logger, progress, resumed, started)
 

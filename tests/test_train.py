@@ -5,6 +5,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1032,7 +1033,7 @@ def test_gradient_accumulation_averages_micro_batches(tiny_data_root, tmp_path, 
 
 def test_a_log_lines_loss_is_the_mean_over_every_step_of_its_window(tiny_data_root, tmp_path, capsys, monkeypatch):
     """log_interval=3: each printed batch loss is the mean of the three steps' losses since the last line, not the
-    last step's."""
+    last step's; every line after the first (compiling) step gives the window's speed and the ETA."""
     import train as train_module
     losses, step = [], train_module.optimizer_step
 
@@ -1044,10 +1045,12 @@ def test_a_log_lines_loss_is_the_mean_over_every_step_of_its_window(tiny_data_ro
     capsys.readouterr()
     train_in_process(monkeypatch, tiny_data_root, tmp_path / 'run', '--operator=corridor', '--max_iters=6',
                      '--eval_interval=100', '--eval_iters=1', '--lr_decay_iters=10', '--log_interval=3')
-    printed = [float(line.split('batch loss ')[1].split(',')[0]) for line in capsys.readouterr().out.splitlines()
-               if line.startswith('iter ')]
+    out = capsys.readouterr().out.splitlines()
+    printed = [float(line.split('batch loss ')[1].split(',')[0]) for line in out if line.startswith('iter ')]
     assert len(losses) == 6 and losses[0] != losses[2]
     assert printed == pytest.approx([sum(losses[:3]) / 3, sum(losses[3:]) / 3], abs=2e-4)  # printed with 4 decimals
+    lines = [line for line in out if line.startswith('iter ')]
+    assert all(re.search(r', [\d,]+ tok/s, \d+ ms/iter, ETA \d', line) for line in lines), lines
 
 
 def test_a_checkpoint_saved_on_a_gpu_resumes_on_the_cpu(tiny_data_root, tmp_path):
