@@ -5,6 +5,7 @@ into a GPTConfig), GPT-2's tokenizer, files written whole or not at all, dtypes,
 
 import ast
 import difflib
+import json
 import os
 import sys
 from contextlib import contextmanager, nullcontext, suppress
@@ -128,6 +129,15 @@ def model_config(config, saved=False):
 
 
 GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')  # OpenAI's checkpoints (lab/gpt2.py reads them)
+
+
+def is_gpt2(source):
+    """A GPT-2 name, or a local folder saved by `transformers` whose config.json says model_type 'gpt2'."""
+    try:
+        with open(os.path.join(source, 'config.json')) as f:
+            return source in GPT2_NAMES or json.load(f).get('model_type') == 'gpt2'
+    except (OSError, ValueError, AttributeError, RecursionError):  # not GPT-2's: what reads it next says what's wrong
+        return source in GPT2_NAMES
 
 
 def gpt2_encoding():

@@ -13,7 +13,7 @@ import zipfile
 import numpy as np
 import torch
 
-from common import GPT2_NAMES, UserError, gpt2_encoding
+from common import UserError, gpt2_encoding, is_gpt2
 from model import GPT, OPERATOR_KEYS, GPTConfig, gamma_delta
 
 
@@ -113,15 +113,6 @@ def check_tokenizer(model, meta, data_dir):
                         f"with it, e.g. `python prepare.py {meta.get('dataset', 'wikitext2')} --tokenizer={model.source}`")
 
 
-def is_gpt2(source):
-    """A GPT-2 name, or a local folder saved by `transformers` whose config.json says model_type 'gpt2'."""
-    try:
-        with open(os.path.join(source, 'config.json')) as f:
-            return source in GPT2_NAMES or json.load(f).get('model_type') == 'gpt2'
-    except (OSError, ValueError, AttributeError, RecursionError):  # not GPT-2's: what reads it next says what's wrong
-        return source in GPT2_NAMES
-
-
 def load_model(source, **overrides):
     """(model, meta naming its tokenizer) of a run folder, GPT-2 (as our GPT) or another pretrained causal LM (see
     lab/hf_sources.py). overrides: keys that carry no weights (dropout; a pretrained model's operator keys)."""
@@ -158,7 +149,7 @@ def load_checkpoint(path, map_location='cpu', mmap=False, purpose='model'):
     except Exception as e:
         reason = next((line for line in str(e).strip().splitlines() if 'weights_only' not in line), type(e).__name__)
         raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt?): {reason.strip()}") from None
-    defaulted = file_checks.check_checkpoint(path, ckpt, purpose, changed, is_gpt2)
+    defaulted = file_checks.check_checkpoint(path, ckpt, purpose, changed)
     note = f"{path} predates model_args " + ', '.join(f"{k} (read as {ckpt['model_args'][k]!r})" for k in defaulted)
     if defaulted and note not in NOTED:  # said once a process, and only of a checkpoint that is read
         NOTED.add(note)

@@ -11,7 +11,7 @@ import zlib
 
 import torch
 
-from common import UserError, model_config
+from common import UserError, is_gpt2, model_config
 from model import GPT, GPTConfig
 
 # meta.json's tokenizers (prepare.py writes them; sources.tokenizer_from_meta reads them), and a bound no vocabulary
@@ -52,9 +52,9 @@ RESUME_KEYS = ('optimizer', 'scaler', 'rng', 'tokens_seen', 'best_val_loss')
 SHAPING_KEYS = ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'bias', 'operator')
 
 
-def check_checkpoint(path, ckpt, purpose, changed, is_gpt2):
-    """A loaded ckpt for load_checkpoint's purpose; changed: its changed_records, is_gpt2: sources.is_gpt2 (passed
-    in: this module never imports sources). Returns the defaulted model_args; a fault is one line: what still works."""
+def check_checkpoint(path, ckpt, purpose, changed):
+    """A loaded ckpt for load_checkpoint's purpose; changed: its changed_records. Returns the defaulted model_args;
+    a fault is one line that says what still works."""
     saved_crcs = None
     if changed:  # which tensors sit in the changed records decides what still works (check_tensors)
         with zipfile.ZipFile(path) as archive:
@@ -64,7 +64,7 @@ def check_checkpoint(path, ckpt, purpose, changed, is_gpt2):
         raise UserError(f"{path} is a nanoGPT checkpoint (no operator keys, no tokenizer meta): corridor-gpt reads its "
                         f"own run folders and pretrained models; for OpenAI's weights use --init_from=gpt2")
     try:
-        defaulted = check_read_keys(ckpt, purpose, saved_crcs, is_gpt2)
+        defaulted = check_read_keys(ckpt, purpose, saved_crcs)
     except ValueError as e:
         raise UserError(f"{path} is not a checkpoint this version of corridor-gpt reads: {e}; nothing in it is used "
                         f"(restore it from a copy, or train again)") from None
@@ -77,7 +77,7 @@ def check_checkpoint(path, ckpt, purpose, changed, is_gpt2):
     return defaulted
 
 
-def check_read_keys(ckpt, purpose, saved_crcs, is_gpt2):
+def check_read_keys(ckpt, purpose, saved_crcs):
     """What every reader uses: keys, types, model_args (returns the defaulted ones), meta, the weights' names and
     shapes; unless purpose is 'info', their bytes as saved and finite. A ValueError says what is wrong."""
     if not isinstance(ckpt, dict):
@@ -109,7 +109,7 @@ def check_read_keys(ckpt, purpose, saved_crcs, is_gpt2):
     disagree = [k for k in fixed if k in ckpt['config'] and ckpt['config'][k] != args[k]]
     if disagree:
         raise ValueError(f"config and model_args disagree on {', '.join(disagree)}")
-    check_weights(ckpt, args, is_gpt2)
+    check_weights(ckpt, args)
     if purpose != 'info':
         check_tensors(ckpt, ('model',), saved_crcs)
     return defaulted
@@ -136,7 +136,7 @@ def check_model_args(args, config):
     return missing
 
 
-def check_weights(ckpt, args, is_gpt2):
+def check_weights(ckpt, args):
     """ckpt['model'] holds named tensors; our GPT's (a fine-tuned GPT-2's) fit a model of args (a pretrained one's: as
     they load, sources.model_from_checkpoint)."""
     state = ckpt['model']
