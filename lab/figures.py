@@ -21,30 +21,30 @@ def walk_panels():
                                                                  connection.PANEL_ORDER))
 
 
-WALK_PANELS = walk_panels()  # as the registry stands at import (lab/study_figures.py's geometry rows)
-
-
 def walk_series(log, part, key):
     """(tokens [E], values [E, layers]) of one logged walk diagnostic over the evaluations that have it; a 'shown'
     diagnostic of the registry (gram_ratio: Ḡ's mean |diagonal| over its mean |off-diagonal|) is computed from the
-    logged ones. None when the log has none."""
-    entries = [e for e in log if part in e.get('walk', {})]
-    if not entries:
-        return None
+    logged ones. None when the log has none: a log written before an entry was added lacks it."""
     entry = connection.diagnostic(key)
-    if entry is not None and entry.per == 'shown':
-        values = [entry.value(e['walk'][part]) for e in entries]
-    else:
-        values = [e['walk'][part][key] for e in entries]
-    return torch.tensor([e['tokens'] for e in entries], dtype=torch.float64), torch.tensor(values, dtype=torch.float64)
+    shown = entry is not None and entry.per == 'shown'
+    pairs = [(e['tokens'], entry.value(e['walk'][part]) if shown else e['walk'][part].get(key))
+             for e in log if part in e.get('walk', {})]
+    pairs = [(tokens, values) for tokens, values in pairs if values is not None]
+    if not pairs:
+        return None
+    return (torch.tensor([tokens for tokens, _ in pairs], dtype=torch.float64),
+            torch.tensor([values for _, values in pairs], dtype=torch.float64))
 
 
 def plot_walk_evolution(groups, path, title):
-    """groups: {label: [log, ...]} (e.g. a variant's seeds). Every walk diagnostic against tokens seen, one column
-    per layer, the mean γ of the layer's heads in the last row; one colour per group, one thin line per log;
-    the attention part solid, the full operator c_I·I + c_P·P dashed."""
+    """groups: {label: [log, ...]} (e.g. a variant's seeds). Every walk diagnostic that some log has against tokens
+    seen, one column per layer, the mean γ of the layer's heads in the last row; one colour per group, one thin line
+    per log; the attention part solid, the full operator c_I·I + c_P·P dashed."""
     n_layer = len(next(iter(groups.values()))[0][-1]['gamma'])
     panels = walk_panels()
+    logs = [log for group in groups.values() for log in group]
+    panels = [(key, name) for key, name in panels  # a row for what some log has: older logs lack newer entries
+              if any(walk_series(log, part, key) is not None for log in logs for part in ('attention', 'operator'))]
     rows = len(panels) + 1
     between = set()  # the rows whose diagnostic is between adjacent layers (drift): the last layer has none
     fig, axes = plt.subplots(rows, n_layer, figsize=(3.1 * n_layer, 2.2 * rows), sharex=True, squeeze=False)

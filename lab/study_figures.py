@@ -17,7 +17,7 @@ from common import atomic_write
 from model import CLAIM_B, in_corridor
 
 from lab.connection import depth_regimes
-from lab.figures import WALK_PANELS, plot_walk_evolution, plt, save, walk_series
+from lab.figures import plot_walk_evolution, plt, save, walk_panels, walk_series
 from lab.reports import family, last_quarter_change, last_quarter_range, paired_differences
 from lab.stats import ci_half_width, fmt_p, line_fit, paired_test, summary_test, weighted_line_fit
 from lab.studies import (FIXED_GAMMAS, SETTLED, FROZEN_SEED, PRETRAINED_FIXED_GAMMA, STUDIES, frozen_gamma_path, millions,
@@ -589,7 +589,7 @@ def geometry_figures(results, out, tests, study):
     walk_rows = []  # (setting, variant, seed, part, diagnostic, regime, value) of every cell's runs: per_seed_walk.csv
     for setting, (loaded, summary) in results.items():
         # pair by seed the finished runs that logged their walk (a study may be partway, a run may lack walk_interval)
-        logged = {key for key, run in loaded.items() if walk_series(run['log'], 'attention', 'drift') is not None}
+        logged = {key for key, run in loaded.items() if any('attention' in e.get('walk', {}) for e in run['log'])}
         seeds = {v: [s for s in summary[v]['seeds'] if (v, s) in logged and ('attention', s) in logged]
                  for v in summary}
         variants = [v for v in summary if v != 'attention' and seeds[v]]
@@ -597,13 +597,24 @@ def geometry_figures(results, out, tests, study):
             lines += [f"{setting}: no walk geometry logged (train with walk_interval)", '']
             continue
 
-        def final(v, s, part, key):  # regime means of one run's last logged walk
-            series = walk_series(loaded[(v, s)]['log'], part if summary[v]['operator_scalars'] else 'attention', key)
-            return depth_regimes(series[1][-1].tolist())
+        def series(v, s, part, key):  # attention's runs have the part P only
+            return walk_series(loaded[(v, s)]['log'], part if summary[v]['operator_scalars'] else 'attention', key)
 
+        def final(v, s, part, key):  # regime means of one run's last logged walk
+            return depth_regimes(series(v, s, part, key)[1][-1].tolist())
+
+        # the registry's diagnostics with a panel that every paired run logged: a run older than an entry lacks it
+        runs = [(v, s) for v in ('attention', *variants) for s in seeds[v]]
+        panels = [(key, name) for key, name in walk_panels()
+                  if all(series(v, s, part, key) is not None for v, s in runs for part in ('attention', 'operator'))]
+        missing = [name for key, name in walk_panels() if (key, name) not in panels]
+        lines += [f"#### {setting}", '', *([f"Not logged by every run, left out: {', '.join(missing)}.", '']
+                                           if missing else [])]
+        if not panels:
+            continue
         header = "| diagnostic | regime | attention | " + ' | '.join(f"{v}: P | {v}: operator" for v in variants) + ' |'
-        lines += [f"#### {setting}", '', header, '|---|---|---|' + '---|---|' * len(variants)]
-        for key, name in WALK_PANELS:
+        lines += [header, '|---|---|---|' + '---|---|' * len(variants)]
+        for key, name in panels:
             for regime in ('initial', 'middle', 'final'):
                 base = {s: final('attention', s, 'attention', key)[regime] for s in seeds['attention']}
                 if any(b is None for b in base.values()):
@@ -622,16 +633,17 @@ def geometry_figures(results, out, tests, study):
         lines.append('')
 
         # the full operator's difference to attention against γ: per-run slopes (corridor), one point per run (all)
-        fig, axes = plt.subplots(1, len(WALK_PANELS), figsize=(4 * len(WALK_PANELS), 3.4), squeeze=False)
+        fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), squeeze=False)
         tracking = []
         fixed_first = next(((v, seeds[v][0]) for v in variants if v.startswith('fixed_gamma')), None)  # one legend entry
-        for col, (key, name) in enumerate(WALK_PANELS):
+        for col, (key, name) in enumerate(panels):
             ax, slopes, finals = axes[0][col], [], []
             for v in variants:
                 for s in seeds[v]:
-                    _, ours = walk_series(loaded[(v, s)]['log'], 'operator' if summary[v]['operator_scalars'] else 'attention', key)
-                    _, theirs = walk_series(loaded[('attention', s)]['log'], 'attention', key)
-                    gamma = torch.tensor([e['gamma'] for e in loaded[(v, s)]['log'] if 'walk' in e]).mean((1, 2))
+                    tokens, ours = series(v, s, 'operator', key)
+                    _, theirs = series('attention', s, 'attention', key)
+                    by_tokens = {e['tokens']: e['gamma'] for e in loaded[(v, s)]['log']}
+                    gamma = torch.tensor([by_tokens[t] for t in tokens.tolist()]).mean((1, 2))  # where it is logged
                     if ours.shape != theirs.shape:  # evaluated at other iterations: not comparable step by step
                         continue
                     diff = (ours - theirs).mean(1)  # all layers

@@ -484,6 +484,12 @@ def test_diagnostics_cli_on_a_corridor_run(trained_run, tmp_path):
     assert '| 1 | – |' in (tmp_path / 'diag' / 'diagnostics.md').read_text()  # the last layer has no drift
 
 
+# a diagnostic that logs written so far lack (docs/diagnostics.md's example): the mean weight of A_eff's first column
+SINK_TITLE = 'mean weight on the first token'
+SINK = connection.Diagnostic('sink_weight', 'sequence', lambda step: step.A.mean(1)[:, :, 0].mean(1), sem=True,
+                             column=('sink', '.3f'), plot=SINK_TITLE, panel=SINK_TITLE)
+
+
 def test_a_new_diagnostic_is_one_registry_entry(trained_run, tmp_path, monkeypatch, capsys):
     """One entry added to connection.DIAGNOSTICS and no other edit: the walk computes it per layer with its standard
     error, train.py's walk_geometry logs it after the lists logs already have, the per-layer table prints its column
@@ -491,10 +497,8 @@ def test_a_new_diagnostic_is_one_registry_entry(trained_run, tmp_path, monkeypat
     import lab.figures
     import lab.walk
     from sources import load_model
-    title = 'mean weight on the first token'
-    sink = connection.Diagnostic('sink_weight', 'sequence', lambda step: step.A.mean(1)[:, :, 0].mean(1), sem=True,
-                                 column=('sink', '.3f'), plot=title, panel=title)
-    monkeypatch.setattr(connection, 'DIAGNOSTICS', connection.DIAGNOSTICS + (sink,))
+    title = SINK_TITLE
+    monkeypatch.setattr(connection, 'DIAGNOSTICS', connection.DIAGNOSTICS + (SINK,))
     titles = []  # every figure's axes titles and y labels, as each is saved
 
     def spy(save):
@@ -516,7 +520,9 @@ def test_a_new_diagnostic_is_one_registry_entry(trained_run, tmp_path, monkeypat
                    '--no-null_model', '--gram_edges', '0', '--out', str(tmp_path / 'diag')])
     saved = json.loads((tmp_path / 'diag' / 'diagnostics.json').read_text())[trained_run.name]
     printed = capsys.readouterr().out
-    assert '| per-edge ratio | sink |' in printed and '|---' * 11 + '|\n' in printed  # 11 columns
+    headers = [e.column[0] for e in connection.DIAGNOSTICS if e.column]  # the registry's columns, the new one last
+    assert headers[-1] == 'sink' and '| model | layer | ' + ' | '.join(headers) + ' |\n' in printed
+    assert '|---' * (2 + len(headers)) + '|\n' in printed
     for part in ('attention', 'operator'):
         values = saved[part]['sink_weight']
         label = f"{trained_run.name} ({'attention part' if part == 'attention' else 'full operator'})"
@@ -534,6 +540,81 @@ def test_a_new_diagnostic_is_one_registry_entry(trained_run, tmp_path, monkeypat
     titles.clear()
     lab.figures.plot_walk_evolution({'run': [log]}, str(tmp_path / 'evolution.png'), 'tiny')
     assert title in titles[0]  # a row of the walk during training
+
+
+def drawn_rows(monkeypatch):
+    """[(y label, whether the row has a line)] of each walk-during-training figure lab/figures.py saves, as it saves."""
+    import lab.figures
+    figures, save = [], lab.figures.save
+    monkeypatch.setattr(lab.figures, 'save', lambda fig, path, *a: (figures.append(
+        [(ax.get_ylabel(), bool(ax.lines)) for ax in fig.axes if ax.get_ylabel()]), save(fig, path, *a))[1])
+    return figures
+
+
+@pytest.mark.parametrize('dropped, panel', [(None, None), ('a_eff_fro', 'a_eff_fro'), ('gram_diag_mean', 'gram_ratio')])
+def test_analyze_draws_a_log_older_than_the_registry_with_the_rows_it_has(trained_run, tmp_path, monkeypatch,
+                                                                          dropped, panel):
+    """A log written before a registry entry was added (sink_weight), or without a diagnostic a panel needs (its own
+    list, or gram_ratio's Ḡ diagonal), is read with what it holds: analyze.py's walk.png draws every other row."""
+    import shutil
+    import analyze
+    import lab.figures
+    run = shutil.copytree(trained_run, tmp_path / 'old')
+    log = [json.loads(line) for line in (run / 'log.jsonl').read_text().splitlines()]
+    for entry in log:
+        for part in entry.get('walk', {}).values():
+            part.pop(dropped, None)
+    (run / 'log.jsonl').write_text(''.join(json.dumps(entry) + '\n' for entry in log))
+    monkeypatch.setattr(connection, 'DIAGNOSTICS', connection.DIAGNOSTICS + (SINK,))
+    figures = drawn_rows(monkeypatch)
+    analyze.main([str(run), '--out', str(tmp_path / 'out')])
+    kept = [name for key, name in lab.figures.walk_panels() if key not in ('sink_weight', panel)]
+    assert figures == [[(name, True) for name in kept] + [('mean γ of the layer', True)]]
+    assert (tmp_path / 'out' / 'old' / 'walk.png').stat().st_size > 1000
+
+
+def geometry_run(variant, seed, keys):
+    """What common.load_run gives for a finished run of the geometry study, made up: 3 layers × 2 heads, 3
+    evaluations logging the walk's lists named in keys (drift: one fewer layer); the corridor's γ moves from 0, and
+    its P and full operator differ from attention's by a seed-dependent amount."""
+    corridor = variant == 'corridor'
+    log = []
+    for k in range(3):
+        def walk(shift):
+            return {key: [1 + 0.1 * seed + 0.2 * layer + shift for layer in range(2 if key == 'drift' else 3)]
+                    for key in keys}
+        log.append(dict(iter=10 * k, tokens=1000 * k, val_loss=2.0 - 0.1 * seed - 0.05 * corridor, train_loss=2.0,
+                        gamma=[[-0.1 * k * corridor] * 2] * 3, delta=[[1.0] * 2] * 3,
+                        walk=dict(attention=walk((0.01, 0.03, 0.02)[seed] * k), operator=walk(-0.05 * seed * k))
+                        if corridor else dict(attention=walk(0.0))))
+    return dict(log=log, gamma=torch.tensor(log[-1]['gamma']), delta=torch.ones(3, 2), params=1000,
+                config=dict(operator=variant, n_layer=3, n_head=2, n_embd=8, block_size=16))
+
+
+@pytest.mark.parametrize('logs_the_new_entry', [False, True])
+def test_the_geometry_study_reports_the_registrys_diagnostics_its_runs_logged(tmp_path, monkeypatch,
+                                                                               logs_the_new_entry):
+    """With an entry added to the registry, the geometry study's report has a row per panel its runs logged: runs
+    older than the entry are reported without it (a line says so), runs that log it get its rows too."""
+    import csv
+    from lab import reports, stats, study_figures
+    from lab.figures import walk_panels
+    keys = connection.per_layer()
+    monkeypatch.setattr(connection, 'DIAGNOSTICS', connection.DIAGNOSTICS + (SINK,))
+    keys += ['sink_weight'] * logs_the_new_entry
+    loaded = {(v, s): geometry_run(v, s, keys) for v in ('attention', 'corridor') for s in range(3)}
+    tests = stats.Tests()
+    lines = study_figures.geometry_figures({'tiny': (loaded, reports.summarize(loaded, ['attention', 'corridor']))},
+                                           str(tmp_path), tests, 'geometry')
+    tests.finish()
+    lines = tests.fill('\n'.join(lines)).splitlines()
+    panels = [(key, name) for key, name in walk_panels() if key in keys or key == 'gram_ratio']
+    assert [line.split(' | ')[0][2:] for line in lines if ' | initial | ' in line] == [name for _, name in panels]
+    assert (f"Not logged by every run, left out: {SINK_TITLE}." in lines) is not logs_the_new_entry
+    with open(tmp_path / 'per_seed_walk.csv', newline='') as f:
+        assert {row['diagnostic'] for row in csv.DictReader(f)} == {key for key, _ in panels}
+    for name in ('geometry_tiny.png', 'geometry_vs_gamma_tiny.png'):
+        assert (tmp_path / name).stat().st_size > 1000
 
 
 @needs_tokenizer
