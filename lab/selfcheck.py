@@ -1,8 +1,10 @@
 """
 The GPU self-check: the CUDA path checked part by part before a GPU run is trusted, each part in a process of its
 own under a time limit (one hang costs only that part), one PASS / WARN / FAIL / SKIP line each, and
-check_summary.txt in --out_dir. On CPU the same parts run at tiny sizes (--small: what the tests run); the
-CUDA-only ones SKIP.
+check_summary.txt in --out_dir. It checks CUDA unless --device=cpu is asked for: without CUDA (a CPU-only build of
+torch, the commonest first mistake, or no GPU in sight) the environment part FAILs in one line naming the fix and the
+parts after it SKIP. With --device=cpu the same parts run on the CPU, at tiny sizes with --small (what the tests
+run); the CUDA-only ones SKIP.
 
     python -m lab.selfcheck --out_dir=gpu-check                    # every part (docs/gpu.md)
     python -m lab.selfcheck --parts=environment,correctness        # these parts
@@ -50,7 +52,10 @@ def check_environment(device, small, dtype):
     if not device.startswith('cuda'):
         return 'PASS', facts + ', CPU'
     if not torch.cuda.is_available():
-        return 'FAIL', facts + ': CUDA is not available (a CPU build of torch?)'
+        cause = (f"{facts} is a CPU-only build; install a CUDA build (`pip install torch` from PyPI on Linux, not the "
+                 f"/whl/cpu index)" if torch.version.cuda is None else
+                 f"{facts} (CUDA {torch.version.cuda}) sees no GPU; check nvidia-smi and CUDA_VISIBLE_DEVICES")
+        return 'FAIL', f"CUDA is not available: {cause}, or pass --device=cpu to check the CPU path"
     capability = torch.cuda.get_device_capability(device)
     facts += (f", CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name(device)}"
               f" (sm_{capability[0]}{capability[1]}), {torch.cuda.get_device_properties(device).total_memory / 2**30:.0f} GiB")
@@ -270,22 +275,31 @@ def run_check_part(name, device, small, dtype):
     print('CHECK ' + json.dumps(dict(status=status, message=message)), flush=True)
 
 
+def check_in_process(name, device, small, dtype):
+    """One part in a process of its own, under its time limit: {status, message}."""
+    limit = CHECK_PARTS[name] if not small else 300
+    print(f"== {name} (at most {limit} s)", flush=True)
+    try:
+        result = subprocess.run([sys.executable, '-m', 'lab.selfcheck', '--part', name, '--device', device,
+                                 '--dtype', str(dtype).removeprefix('torch.'), *(['--small'] if small else [])],
+                                cwd=REPO, capture_output=True, text=True, timeout=limit)
+        found = [line for line in result.stdout.splitlines() if line.startswith('CHECK ')]
+        return json.loads(found[-1][6:]) if found else dict(
+            status='FAIL', message=f"exit {result.returncode}: {(result.stderr.strip().splitlines() or [''])[-1]}")
+    except subprocess.TimeoutExpired:
+        return dict(status='FAIL', message=f"did not finish in {limit} s")
+
+
 def self_check(device, small, dtype, parts, out_dir):
     """Every part in a process of its own, under its time limit; a summary line each, in check_summary.txt too."""
-    rows = []
+    rows, environment_failed = [], False
     for name in parts:
-        limit = CHECK_PARTS[name] if not small else 300
-        print(f"== {name} (at most {limit} s)", flush=True)
         t0 = time.time()
-        try:
-            result = subprocess.run([sys.executable, '-m', 'lab.selfcheck', '--part', name, '--device', device,
-                                     '--dtype', str(dtype).removeprefix('torch.'), *(['--small'] if small else [])],
-                                    cwd=REPO, capture_output=True, text=True, timeout=limit)
-            found = [line for line in result.stdout.splitlines() if line.startswith('CHECK ')]
-            outcome = json.loads(found[-1][6:]) if found else dict(
-                status='FAIL', message=f"exit {result.returncode}: {(result.stderr.strip().splitlines() or [''])[-1]}")
-        except subprocess.TimeoutExpired:
-            outcome = dict(status='FAIL', message=f"did not finish in {limit} s")
+        if environment_failed:  # the parts stand on it: without CUDA they would fail again, or time GPT-2 on the CPU
+            outcome = dict(status='SKIP', message='not run: the environment part failed')
+        else:
+            outcome = check_in_process(name, device, small, dtype)
+            environment_failed = name == 'environment' and outcome['status'] == 'FAIL'
         rows.append(f"{outcome['status']:<4}  {name:<18} {time.time() - t0:5.0f} s  {outcome['message']}")
         print(rows[-1], flush=True)
     summary = '\n'.join(rows) + '\n'
@@ -300,7 +314,9 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--parts', default=','.join(CHECK_PARTS),
                         help=f"comma-separated parts (default: every one: {', '.join(CHECK_PARTS)})")
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--device', default='cuda',
+                        help="default cuda: it is what the check is for, so a torch without CUDA fails rather than "
+                             "falling back; --device=cpu checks the CPU path")
     parser.add_argument('--dtype', choices=['float32', 'bfloat16', 'float16'],
                         help="autocast dtype (default: bfloat16 on a GPU, float32 on CPU)")
     parser.add_argument('--small', action='store_true', help='tiny sizes (what the tests run on CPU)')

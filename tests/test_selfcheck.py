@@ -4,6 +4,7 @@ is a FAIL line and a failing exit."""
 import json
 import re
 
+import pytest
 import torch
 
 from lab import selfcheck
@@ -22,6 +23,22 @@ def test_self_check_runs_each_part_in_its_own_process_and_summarises_it(tmp_path
     assert 'walk geometry 0.0e+00' in summary[1]  # the same computation on the same device: identical
     bad = run_script('lab.selfcheck', '--parts', 'environment,warp_drive', cwd=tmp_path)
     assert bad.returncode == 1 and 'unknown --parts warp_drive' in bad.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='needs a machine without CUDA')
+def test_without_cuda_the_environment_fails_naming_the_fix_and_nothing_else_runs(tmp_path):
+    """No --device: the check is of CUDA, so a torch without it is one FAIL line that says what to do, and the parts
+    that would run GPT-2's sizes on the CPU SKIP; --device=cpu asks for the CPU path, which passes."""
+    result = run_script('lab.selfcheck', '--out_dir', tmp_path, cwd=tmp_path)
+    summary = (tmp_path / 'check_summary.txt').read_text().splitlines()
+    assert result.returncode == 1 and summary[0].split()[:2] == ['FAIL', 'environment'], result.stdout[-3000:]
+    assert 'CUDA is not available: torch ' in summary[0] and 'pass --device=cpu to check the CPU path' in summary[0]
+    assert ('is a CPU-only build; install a CUDA build' in summary[0]) is (torch.version.cuda is None)
+    assert [line.split()[:2] for line in summary[1:]] == [['SKIP', name] for name in list(selfcheck.CHECK_PARTS)[1:]]
+    assert all(line.endswith('not run: the environment part failed') for line in summary[1:])
+    assert result.stdout.count('== ') == 1  # one process started: the environment's
+    cpu = run_script('lab.selfcheck', '--device=cpu', '--parts=environment', '--out_dir', tmp_path, cwd=tmp_path)
+    assert cpu.returncode == 0 and (tmp_path / 'check_summary.txt').read_text().startswith('PASS  environment')
 
 
 def test_a_failing_or_raising_part_is_a_fail_line_and_a_failing_exit(tmp_path, monkeypatch, capsys):
