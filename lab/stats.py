@@ -1,8 +1,8 @@
 """
 The studies' statistics: paired t-tests of final losses over seeds, Holm's correction within a family, the smallest
-effect a test detects at 80 % power, and a line fit with its CI, unweighted or weighted by each point's precision.
-The distributions come from scipy.stats (the t, the noncentral t for the power), the weighted fit from numpy; what
-is written here is which test, on what, and how a verdict is worded.
+effect a test detects at 80 % power and the seeds an effect needs, and a line fit with its CI, unweighted or weighted
+by each point's precision. The distributions come from scipy.stats (the t, the noncentral t for the power, the χ² for
+an SD's bound), the weighted fit from numpy; what is written here is which test, on what, and how a verdict is worded.
 tests/test_sweep.py checks these against printed t tables, closed forms, R's pwr and a simulation.
 """
 
@@ -43,6 +43,29 @@ def min_detectable_effect(sd, n, power=0.8, alpha=0.05):
     while gap(high) < 0:  # bracket the root by doubling
         high *= 2
     return optimize.brentq(gap, 0.0, high, xtol=1e-12) * sd / math.sqrt(n)
+
+
+def seeds_for_power(effect, sd, power=0.8, alpha=0.05):
+    """The fewest pairs (at least 2) with which a two-sided paired t-test at level alpha detects a true mean
+    difference `effect` given the pairs' SD with the given power: min_detectable_effect's noncentral t, solved for n
+    (the power rises with n, so doubling brackets it and bisection finds it). Infinite for no effect."""
+    if not abs(effect) > 0:
+        return math.inf
+    reaches = lambda n: t_test_power(abs(effect) / sd * math.sqrt(n), n - 1, alpha) >= power
+    low, high = 1, 2  # low never reaches (one pair has no test), high does once the doubling stops
+    while not reaches(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if reaches(middle) else (middle, high)
+    return high
+
+
+def sd_upper_bound(sd, n, confidence=0.8):
+    """The one-sided upper confidence bound of an SD measured on n values: s·√((n − 1) / χ²), χ² the 1 − confidence
+    quantile on n − 1 degrees of freedom. Seeds sized at it give the intended power with that probability at least;
+    sized at s itself they fall short about half the time (Browne 1995, on pilot studies)."""
+    return sd * math.sqrt((n - 1) / stats.chi2.ppf(1 - confidence, n - 1))
 
 
 class PairedTest(NamedTuple):

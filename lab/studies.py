@@ -1,8 +1,9 @@
 """
 The studies' table: what each variant changes in the operator (VARIANTS), each setting's corpus, size and budget
-(SETTINGS), and each study's runs and question (STUDIES); where a run lives and whether it is finished. The
-command that trains and reports them is lab/sweep.py; their statistics are lab/stats.py, their reports
-lab/reports.py, each study's own figures lab/study_figures.py (its FIGURES names the function of every study here).
+(SETTINGS), each study's runs and question (STUDIES) and the CPU effects its GPU seeds are sized by (GPU_POWER);
+where a run lives and whether it is finished. The command that trains and reports them is lab/sweep.py; their
+statistics are lab/stats.py, their reports lab/reports.py, each study's own figures lab/study_figures.py (its FIGURES
+names the function of every study here).
 """
 
 import ast
@@ -274,6 +275,47 @@ STUDIES = {
         parts=tuple(Part(s, GEOMETRY, 3) for s in ('shakespeare_char/small', 'wikitext2_char/small')),
         gpu_parts=(Part('openwebtext/gpt2_124m', GEOMETRY, 3),)),
 }
+
+
+# What a GPU study's seeds are sized by (`--plan=True`): each pre-registered loss test a − b with the effect and
+# paired SD the CPU measured, nats per character, recomputed from docs/per_seed/<source>.csv (tests/test_sweep.py
+# checks every entry against its file). The plan assumes both in nats per token at 124M; seeds depend on their ratio.
+class CpuEffect(NamedTuple):
+    a: str          # the test a − b, canonical variant names, as the report names it
+    b: str
+    effect: float   # the mean paired difference over the CPU's seeds
+    sd: float       # their SD
+    seeds: int
+    source: str     # docs/per_seed/<source>.csv
+    setting: str    # the CPU setting in it
+
+
+# claim (a) where γ has settled (4× the base budget), on the corpus with the smaller spread of the two (Tiny
+# Shakespeare's −0.0026 ± 0.0059 needs about 4× the seeds); at the base budget, where γ has not settled,
+# fixed_gamma_powered measured +0.0004 ± 0.0016 (48 seeds): no gain to size seeds by
+CORRIDOR_VS_ATTENTION = CpuEffect('corridor', 'attention', -0.0039, 0.0039, 24, 'corridor_settled', 'wikitext2_char/small-x4')
+GPU_POWER = {
+    'claims': (
+        CORRIDOR_VS_ATTENTION,
+        # claim (c): the replication's fresh seeds (the claims study's 3 seeds per corpus agree: +0.0036, +0.0031)
+        CpuEffect('gamma_nonneg', 'corridor', +0.0032, 0.0012, 8, 'replication', 'shakespeare_char/small'),
+        # claim (d) as this study tests it, γ = −0.5: 3 seeds only, WikiText-2 (Tiny Shakespeare: +0.027 ± 0.016)
+        CpuEffect('fixed_gamma', 'attention', +0.0049, 0.0054, 3, 'claims', 'wikitext2_char/small'),
+        # the forms alike (α0·I + α1·P, αP + β(I − P) − corridor) have no CPU effect to size seeds by: read by their CI
+    ),
+    'fixed_gamma': (  # the grid, WikiText-2 (char): −0.1 and −0.2 from the powered study's 48 seeds, the rest 3 seeds
+        CpuEffect('fixed_gamma=-0.05', 'attention', -0.0012, 0.0023, 3, 'fixed_gamma', 'wikitext2_char/small'),
+        CpuEffect('fixed_gamma=-0.1', 'attention', -0.0038, 0.0051, 48, 'fixed_gamma_powered', 'wikitext2_char/small'),
+        CpuEffect('fixed_gamma=-0.2', 'attention', -0.0053, 0.0070, 48, 'fixed_gamma_powered', 'wikitext2_char/small'),
+        CpuEffect('fixed_gamma=-0.3', 'attention', -0.0044, 0.0063, 3, 'fixed_gamma', 'wikitext2_char/small'),
+        CpuEffect('fixed_gamma', 'attention', +0.0049, 0.0054, 3, 'fixed_gamma', 'wikitext2_char/small'),
+        CpuEffect('fixed_gamma=-0.7', 'attention', +0.0296, 0.0039, 3, 'fixed_gamma', 'wikitext2_char/small'),
+        CpuEffect('fixed_gamma=-0.9', 'attention', +0.0563, 0.0109, 3, 'fixed_gamma', 'wikitext2_char/small'),
+        CORRIDOR_VS_ATTENTION,
+    ),
+}
+# the two-stage design --plan offers: a pilot of this many seeds of every variant measures each test's paired SD
+PILOT_SEEDS = 4
 
 
 def run_state(out_dir):

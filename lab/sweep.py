@@ -6,6 +6,8 @@ Operator variants × seeds trained with identical data, budget and hyperparamete
     python -m lab.sweep --study=scales --gpu=True          # the same study at GPT-2 scale on OpenWebText, one GPU
     python -m lab.sweep --study=scales --report_only=True  # report the runs finished so far, train nothing
     python -m lab.sweep --study=scales --gpu=True --plan=True   # tokens and estimated GPU hours, train nothing
+    python -m lab.sweep --study=claims --gpu=True --plan=True   # ... and the seeds each pre-registered test needs
+    python -m lab.sweep --study=claims --gpu=True --plan=True --pilot_sd=0.004   # ... at a pilot's measured SD
     python -m lab.sweep --variants=attention,fixed_gamma=-0.3 --seeds=2 --out_root=sweeps/quick -- --max_iters=200
     python -m lab.sweep --variants=attention,corridor --gpu=True --plan=True   # ad hoc variants at GPT-2 124M
 
@@ -22,12 +24,15 @@ gives every variant the same initial weights and the same batches): mean, 95 % C
 p Holm-adjusted within a family (one comparison across a study's settings; the fixed-γ grid and the geometry's
 cells as larger families, see STATISTICS) and the smallest effect the test detects at 80 % power. A difference
 counts as 'lower' or 'higher' only when the adjusted p is below 5 %; otherwise 'inconclusive, no effect larger
-than X', X the CI's bound farthest from zero (lab/stats.py, through scipy.stats).
+than X', X the CI's bound farthest from zero (lab/stats.py, through scipy.stats). A GPU study's --plan sizes its
+seeds: each pre-registered test's seeds for 80 % power at the CPU's effect and paired SD (lab/studies.py's GPU_POWER),
+and a pilot that measures the SD, then the seeds it implies, with the H100 hours of each.
 """
 
 import contextlib
 import gc
 import json
+import math
 import os
 import shlex
 import signal
@@ -46,10 +51,12 @@ from sources import Data, check_tokenizer
 from train import DEFAULTS as TRAIN_DEFAULTS  # train.py's config keys and defaults: every run a study plans is checked against them
 
 from lab import launch, pretrained
-from lab.reports import report
+from lab.reports import family, report
+from lab.stats import sd_upper_bound, seeds_for_power, t_test_power
 from lab.study_figures import FIGURES, claims_figures, pretrained_figures
-from lab.studies import (CPU, FROZEN_SEED, PRETRAINED_GAMMAS, Part, SETTINGS, STUDIES, Study, frozen_gamma_path,
-                         frozen_settings, millions, non_embedding_params, parse_variant, run_state, setting_config)
+from lab.studies import (CPU, FROZEN_SEED, GPU_POWER, PILOT_SEEDS, PRETRAINED_GAMMAS, Part, SETTINGS, STUDIES, Study,
+                         frozen_gamma_path, frozen_settings, millions, non_embedding_params, parse_variant, run_state,
+                         setting_config)
 
 # ------------------------------------------------------------------------------------------------ running
 
@@ -150,6 +157,85 @@ def print_plan(runs):
     print(f"\ntotal to train: {total:.3g} H100 hours, estimated: at {PLAN_MFU:.0%} MFU of {PLAN_PEAK / 1e12:.0f} "
           f"TFLOP/s bf16, and at least {PLAN_MICRO_STEP_FLOOR * 1000:.0f} ms a micro-step (a small model waits on its "
           f"kernel launches, not its FLOPs)")
+    return {setting: r['hours'] for setting, r in rows.items()}
+
+
+# beyond this many seeds a test is not worth a GPU study: its effect is too small for its spread to decide it
+DECIDABLE_SEEDS = 100
+
+
+def holm_family_size(name, parts, a, b):
+    """How many tests the report puts in a − b's Holm family (lab/reports.py's family): every variant − attention and
+    every registered test, on each of the parts' settings."""
+    tests = set()
+    for part in parts:
+        names = {parse_variant(v)[0] for v in part.variants}
+        tests |= {(part.setting, v, 'attention') for v in names if v != 'attention'}
+        tests |= {(part.setting, t.a, t.b) for t in GPU_POWER[name] if {t.a, t.b} <= names}
+    return sum(family(name, x, y) == family(name, a, b) for _, x, y in tests)
+
+
+def print_power(name, parts, hours, pilot_sd=0.0):
+    """The seeds each registered test of a GPU study needs (GPU_POWER: the CPU's effect and paired SD, assumed the
+    same in nats at 124M), and a design that measures the SD rather than assuming it: a pilot of PILOT_SEEDS seeds,
+    then the seeds its SD implies, each stage's H100 hours from `hours`, print_plan's per run and setting.
+    pilot_sd: an SD a pilot measured, to size the second stage by instead of the CPU's."""
+    if name not in GPU_POWER:
+        return print(f"\nno test of {name} is registered with a CPU effect to size its seeds by (lab/studies.py's "
+                     f"GPU_POWER)" if name else "\nan ad hoc sweep registers no test: its seeds are not sized by power")
+    k, tests = PILOT_SEEDS, []
+    for part in parts:
+        names = {parse_variant(v)[0] for v in part.variants}
+        tests += [(part, t, 0.05 / holm_family_size(name, parts, t.a, t.b)) for t in GPU_POWER[name]
+                  if {t.a, t.b} <= names]
+    print(f"\nseeds for 80 % power, estimated. Assumed at 124M: each test's effect and paired SD are the CPU's in nats "
+          f"(per character there, per token here); the seeds depend on effect ÷ SD alone, so the SD's ×0.5 and ×2 "
+          f"columns also stand for an effect twice or half as large. Two-sided paired t-test at 5 % ÷ its Holm family's "
+          f"size (its family's first step: the strictest), the exact noncentral t\n\n| test | CPU effect (nats) | "
+          f"CPU paired SD | measured on (docs/per_seed/) | level | seeds at SD ×0.5 | ×1 | ×2 | power with the planned seeds |\n"
+          f"|---|---|---|---|---|---|---|---|---|")
+    short, absurd = [], []
+    for part, t, alpha in tests:
+        n = [seeds_for_power(t.effect, m * t.sd, alpha=alpha) for m in (0.5, 1, 2)]
+        power = t_test_power(abs(t.effect) / t.sd * math.sqrt(part.seeds), part.seeds - 1, alpha) if part.seeds > 1 else 0
+        print(f"| {part.setting}: {t.a} − {t.b} | {t.effect:+.4f} | {t.sd:.4f} | {t.source}, {t.setting}, "
+              f"{t.seeds} seeds | {alpha:.3g} | {' | '.join(map(str, n))} | {power:.0%} ({part.seeds} seeds) |")
+        if n[1] > part.seeds:
+            short.append(f"{t.a} − {t.b} ({n[1]} needed)")
+        if n[1] > DECIDABLE_SEEDS:
+            absurd.append(f"{t.a} − {t.b}")
+    if short:
+        print(f"\nunder 80 % power with the planned seeds ({parts[0].seeds}), at the CPU's SD: {', '.join(short)}")
+    if absurd:
+        print(f"over {DECIDABLE_SEEDS} seeds at the CPU's SD: the study as planned ({parts[0].seeds} seeds) cannot decide "
+              f"{', '.join(absurd)}")
+    # stage 2 sizes at the pilot SD's upper 80 % bound: a pilot of a few seeds measures the SD so loosely that
+    # seeds sized at its point estimate fall short of 80 % power about half the time
+    factor = sd_upper_bound(1.0, k)
+    stage1 = sum(k * len(p.variants) * hours[p.setting] for p in parts)
+    print(f"\ntwo stages, H100 hours estimated as above:\n1. pilot: python -m lab.sweep --study={name} --gpu=True "
+          f"--seeds={k}: {sum(k * len(p.variants) for p in parts)} runs, {stage1:.3g} h; its report.json gives each "
+          f"test's paired SD s ('sd', on {k - 1} df)\n2. each test to the seeds N of 80 % power at s's upper 80 % "
+          f"confidence bound, s·√({k - 1} / χ²₀.₂({k - 1})) = {factor:.2f}·s (80 % power then in at least 4 pilots of "
+          f"5; at s itself in about half), the pilot's seeds among them: python -m lab.sweep --variants=A,B --gpu=True "
+          f"--seeds=N. " + (f"At the pilot's s = {pilot_sd:g} (each row as if it were that test's):" if pilot_sd else
+                              "Were s the CPU's SD (--pilot_sd=S: at a measured one):")
+          + "\n\n| test | s | N | N at s itself | runs beyond the pilot | H100 hours |\n|---|---|---|---|---|---|")
+    seeds = {}  # (setting, variant): the most seeds a decidable test asks of it
+    for part, t, alpha in tests:
+        sd = pilot_sd or t.sd
+        n = seeds_for_power(t.effect, factor * sd, alpha=alpha)
+        runs = 2 * max(0, n - k)
+        cost = f"{runs} | {runs * hours[part.setting]:.3g}" if n <= DECIDABLE_SEEDS else \
+            f"– | – (over {DECIDABLE_SEEDS} seeds: not a test a GPU study can afford to decide)"
+        print(f"| {part.setting}: {t.a} − {t.b} | {sd:.4f} | {n} | {seeds_for_power(t.effect, sd, alpha=alpha)} | {cost} |")
+        if n <= DECIDABLE_SEEDS:
+            for variant in (t.a, t.b):
+                seeds[(part.setting, variant)] = max(n, seeds.get((part.setting, variant), 0))
+    runs = {key: max(0, n - k) for key, n in seeds.items()}
+    stage2 = sum(r * hours[setting] for (setting, _), r in runs.items())
+    print(f"| every test up to {DECIDABLE_SEEDS} seeds (a variant shared by tests trained once) | | | | "
+          f"{sum(runs.values())} | {stage2:.3g} |\n\npilot and stage 2: {stage1 + stage2:.3g} H100 hours, estimated")
 
 
 def train_all(runs, parallel, gpus_per_run=1):
@@ -295,7 +381,9 @@ DEFAULTS = dict(
     report_only=False,             # train nothing; report the finished runs
     frozen_only=False,             # the pretrained study: evaluate the frozen model's fixed-γ curve here, train nothing
                                    # (--launcher=slurm leaves the curve to this: run it once on a GPU node)
-    plan=False,                    # train nothing; print the runs' tokens and estimated GPU hours
+    plan=False,                    # train nothing; print the runs' tokens and estimated GPU hours (with --gpu: the
+                                   # seeds each registered test needs, and a pilot-then-the-rest design)
+    pilot_sd=0.0,                  # --plan --gpu: the paired SD a pilot measured, to size the second stage by
     launcher='local',              # local: train here (each run on GPUs of its own when there are any); slurm:
                                    # one SLURM job per run through submitit, and return; commands: print one
                                    # train.py command per unfinished run (for any other scheduler), train nothing
@@ -312,6 +400,9 @@ def main(argv):
     cfg = parse_config(DEFAULTS, sweep_args)
     if cfg['parallel'] < 1 or cfg['seeds'] < 0 or cfg['gpus_per_run'] < 1:
         raise UserError("parallel and gpus_per_run must be at least 1 and seeds at least 0")
+    if cfg['pilot_sd'] < 0 or cfg['pilot_sd'] and not (cfg['plan'] and cfg['gpu']):
+        raise UserError("--pilot_sd is a pilot's measured paired SD (≥ 0) for the second stage of a GPU study's plan: "
+                        "add --gpu=True --plan=True")
     if cfg['launcher'] not in ('local', 'slurm', 'commands'):
         raise UserError(f"launcher must be 'local', 'slurm' or 'commands', got {cfg['launcher']!r}")
     if cfg['variants']:  # ad hoc: one part, trained from base into out_root (with --gpu: the GPT-2 124M setting)
@@ -334,7 +425,10 @@ def main(argv):
             raise UserError(f"study {cfg['study']!r} has no {'GPU' if cfg['gpu'] else 'CPU'} runs; drop --gpu=True")
     runs = plan_runs(parts, cfg['out_root'], cfg['base'], train_args, need_data=not cfg['plan'])
     if cfg['plan']:
-        return print_plan(runs)
+        hours = print_plan(runs)
+        if cfg['gpu']:
+            print_power(None if cfg['variants'] else cfg['study'], parts, hours, cfg['pilot_sd'])
+        return
     if not cfg['report_only']:
         if figures is pretrained_figures:  # the frozen model's fixed-γ curve: evaluations, before any run
             if cfg['launcher'] == 'local' or cfg['frozen_only']:  # on the runs' device, as they evaluate

@@ -4,6 +4,7 @@
 import csv
 import json
 import math
+import re
 import statistics
 
 import pytest
@@ -40,6 +41,32 @@ def test_power_and_detectable_effect_match_published_values_and_a_simulation():
     t = samples.mean(1) / (samples.std(1) / 2)
     simulated = (t.abs() > stats.t_quantile(0.975, 3)).double().mean().item()
     assert stats.t_test_power(1.5 * 2, 3) == pytest.approx(simulated, abs=0.005)
+
+
+def test_seeds_for_power_match_published_values_a_simulation_and_scale_with_the_sd_squared():
+    # R's pwr: pwr.t.test(d = 0.5, power = 0.8, type = 'paired') gives n = 33.37, so 34 pairs; d = 1 at n = 10: 0.8031
+    assert stats.seeds_for_power(0.5, 1.0) == 34 and stats.seeds_for_power(-0.002, 0.004) == 34
+    assert stats.seeds_for_power(1.0, 1.0) == 10
+    # a float64 simulation, independent of scipy's noncentral t: 10 pairs at 1 SD reach 80 %, 9 do not
+    generator = torch.Generator().manual_seed(0)
+    for n, reaches in ((10, True), (9, False)):
+        samples = torch.randn(200_000, n, generator=generator, dtype=torch.float64) + 1.0
+        t = samples.mean(1) / (samples.std(1) / math.sqrt(n))
+        assert ((t.abs() > stats.t_quantile(0.975, n - 1)).double().mean().item() >= 0.8) == reaches
+    # n grows as (SD / effect)²: doubling the SD roughly quadruples it; a stricter level asks more; no effect, no n
+    for effect in (0.001, 0.0005):
+        ratio = stats.seeds_for_power(effect, 0.004) / stats.seeds_for_power(effect, 0.002)
+        assert 3.5 < ratio < 4.2
+    assert stats.seeds_for_power(0.5, 1.0, alpha=0.05 / 7) > 34 and stats.seeds_for_power(0.0, 1.0) == math.inf
+
+
+def test_the_sds_upper_bound_is_the_chi_square_bound_and_covers_eighty_percent():
+    # on 2 degrees of freedom χ² is exponential: its 20 % quantile is −2 ln 0.8
+    assert stats.sd_upper_bound(0.01, 3) == pytest.approx(0.01 * math.sqrt(2 / (-2 * math.log(0.8))), rel=1e-12)
+    generator = torch.Generator().manual_seed(1)
+    pilots = torch.randn(200_000, 4, generator=generator, dtype=torch.float64).std(1)  # true SD 1, 4 seeds each
+    covered = (pilots * stats.sd_upper_bound(1.0, 4) >= 1.0).double().mean().item()
+    assert covered == pytest.approx(0.8, abs=0.005)
 
 
 def test_paired_test_by_hand():
@@ -427,6 +454,7 @@ def test_a_gpu_preset_starts_and_logs_on_cpu_with_tiny_overrides(tiny_data_root,
     (['--study=claims', '--', '--n_layr=2'], "unknown config key 'n_layr'"),
     (['--study=claims', '--', '--data_root=nowhere'], "run `python prepare.py shakespeare_char` first"),
     (['--parallel=0'], "parallel and gpus_per_run must be at least 1"),
+    (['--pilot_sd=0.004'], "add --gpu=True --plan=True"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
     assert_one_line_error(run_script('lab.sweep', f'--out_root={tmp_path}', *args, cwd=REPO), message)
@@ -494,6 +522,94 @@ def test_gpu_with_variants_plans_gpt2_runs_or_refuses_a_base(tmp_path):
                                      '--plan=True', f'--out_root={tmp_path}', cwd=REPO), 'drop --base')
     assert_one_line_error(run_script('lab.sweep', '--study=replication', '--gpu=True', '--plan=True',
                                      f'--out_root={tmp_path}', cwd=REPO), 'has no GPU runs')
+
+
+def test_plan_hours_sit_on_the_step_latency_floor_for_a_model_too_small_for_its_flops(tmp_path, capsys):
+    """A tiny model's FLOPs take microseconds a step, so its hours are the floor's exactly: max_iters × micro-steps ×
+    PLAN_MICRO_STEP_FLOOR; GPT-2 124M's FLOPs take over twice the floor, so it is not listed at it."""
+    parts = [studies.Part('shakespeare_char/tiny', ('attention',), 1), studies.Part('openwebtext/gpt2_124m', ('attention',), 1)]
+    hours = sweep.print_plan(sweep.plan_runs(parts, str(tmp_path), studies.CPU, [], need_data=False))
+    out = capsys.readouterr().out
+    config = studies.setting_config('shakespeare_char/tiny')
+    floor = config['max_iters'] * config['gradient_accumulation_steps'] * sweep.PLAN_MICRO_STEP_FLOOR / 3600
+    assert hours['shakespeare_char/tiny'] == floor
+    assert plan_rows(out)['shakespeare_char/tiny'][3] == f'{floor:.3g}'
+    assert '\nat the step-latency floor, not FLOPs: shakespeare_char/tiny\n' in out  # and not the 124M setting
+    big = studies.setting_config('openwebtext/gpt2_124m')
+    assert hours['openwebtext/gpt2_124m'] > 2 * big['max_iters'] * big['gradient_accumulation_steps'] * \
+        sweep.PLAN_MICRO_STEP_FLOOR / 3600
+
+
+def test_gpu_power_entries_are_the_per_seed_files_paired_differences():
+    """Every CPU effect a GPU study's seeds are sized by is its per-seed file's mean and SD of the paired differences
+    (to the 4 decimals written), over the seeds named; its test is one the GPU study's runs can make, at the
+    setting whose runs the printed stage-2 command (--variants=A,B --gpu=True) trains."""
+    for name, tests in studies.GPU_POWER.items():
+        variants = {studies.parse_variant(v)[0] for p in studies.STUDIES[name].gpu_parts for v in p.variants}
+        assert {p.setting for p in studies.STUDIES[name].gpu_parts} == {'openwebtext/gpt2_124m'}
+        for t in tests:
+            with open(REPO / 'docs' / 'per_seed' / f'{t.source}.csv') as f:
+                loss = {(r['variant'], r['seed']): float(r['val_loss']) for r in csv.DictReader(f) if r['setting'] == t.setting}
+            differences = [loss[(t.a, seed)] - loss[(t.b, seed)] for (v, seed) in loss if v == t.a and (t.b, seed) in loss]
+            assert len(differences) == t.seeds and {t.a, t.b} <= variants, t
+            assert t.effect == pytest.approx(statistics.fmean(differences), abs=5e-5), t
+            assert t.sd == pytest.approx(statistics.stdev(differences), abs=5e-5), t
+
+
+def power_rows(stdout, columns):
+    """{test: cells} of the printed table whose header has this many columns."""
+    return {row.split(' | ')[0][2:].split(': ')[1]: row.split(' | ')[1:] for row in stdout.splitlines()
+            if row.startswith('| openwebtext/') and row.count(' | ') == columns - 1}
+
+
+def test_gpu_plan_sizes_every_registered_test_and_costs_both_stages(tmp_path, capsys):
+    sweep.main(['--study=claims', '--gpu=True', '--plan=True', f'--out_root={tmp_path}'])
+    out = capsys.readouterr().out
+    per_run = float(plan_rows(out)['openwebtext/gpt2_124m'][3])
+    assert "Assumed at 124M: each test's effect and paired SD are the CPU's in nats" in out
+    assert '| seeds at SD ×0.5 | ×1 | ×2 |' in out
+    table, stage2, k = power_rows(out, 9), power_rows(out, 6), studies.PILOT_SEEDS
+    tested = {}
+    for t in studies.GPU_POWER['claims']:  # each test alone in its family: one setting, so at 5 %
+        cells = table[f'{t.a} − {t.b}']
+        assert cells[3] == '0.05' and [int(c) for c in cells[4:7]] == [stats.seeds_for_power(t.effect, m * t.sd)
+                                                                         for m in (0.5, 1, 2)]
+        n = stats.seeds_for_power(t.effect, stats.sd_upper_bound(t.sd, k))
+        runs, hours = stage2[f'{t.a} − {t.b}'][3:5]
+        assert (int(stage2[f'{t.a} − {t.b}'][1]), int(runs)) == (n, 2 * (n - k))
+        assert float(hours.rstrip(' |')) == pytest.approx(2 * (n - k) * per_run, rel=0.01)
+        for variant in (t.a, t.b):
+            tested[variant] = max(n, tested.get(variant, 0))
+    pilot = re.search(f'--study=claims --gpu=True --seeds={k}: (\\d+) runs, ([\\d.]+) h', out)
+    assert int(pilot[1]) == k * len(studies.CLAIMS) and float(pilot[2]) == pytest.approx(int(pilot[1]) * per_run, rel=0.01)
+    shared = sum(n - k for n in tested.values())  # a variant in two tests is trained once, to the larger N
+    union = re.search(r'trained once\) \| \| \| \| (\d+) \| ([\d.]+) \|', out)
+    assert int(union[1]) == shared and float(union[2]) == pytest.approx(shared * per_run, rel=0.01)
+    assert 'under 80 % power with the planned seeds (3)' in out and 'cannot decide' not in out
+    # a pilot's measured SD sizes the second stage instead; a test beyond 100 seeds is said to be undecidable
+    sweep.main(['--study=fixed_gamma', '--gpu=True', '--plan=True', f'--out_root={tmp_path}', '--pilot_sd=0.002'])
+    out = capsys.readouterr().out
+    for t in studies.GPU_POWER['fixed_gamma']:
+        alpha = 0.05 / (7 if t.a.startswith('fixed_gamma') else 1)  # the fixed-γ grid is one family of 7
+        n = stats.seeds_for_power(t.effect, stats.sd_upper_bound(0.002, k), alpha=alpha)
+        assert power_rows(out, 6)[f'{t.a} − {t.b}'][:2] == ['0.0020', str(n)]
+    assert 'fixed_gamma=-0.05 − attention | 0.0020 | 108 | 39 | – | – (over 100 seeds' in out
+    sweep.main(['--variants=attention,corridor', '--gpu=True', '--plan=True', f'--out_root={tmp_path}'])
+    assert 'an ad hoc sweep registers no test' in capsys.readouterr().out
+    assert not any(tmp_path.iterdir())
+
+
+def test_gpu_md_states_the_seeds_the_plan_computes():
+    """docs/gpu.md's seeds tables: each test's seeds at SD ×0.5 / ×1 / ×2 and its two-stage N, as --plan computes them."""
+    page = (REPO / 'docs' / 'gpu.md').read_text()
+    bound = stats.sd_upper_bound(1.0, studies.PILOT_SEEDS)
+    for name, tests in studies.GPU_POWER.items():
+        for t in tests:
+            alpha = 0.05 / (7 if name == 'fixed_gamma' and t.a.startswith('fixed_gamma') else 1)
+            n = ' / '.join(str(stats.seeds_for_power(t.effect, m * t.sd, alpha=alpha)) for m in (0.5, 1, 2))
+            assert f'| {n} |' in page, (name, t)
+            stage2 = stats.seeds_for_power(t.effect, bound * t.sd, alpha=alpha)
+            assert f'| {stage2} |' in page or f'| {stage2}: over 100' in page, (name, t)
 
 
 def test_the_ladder_spans_twenty_fold_at_equal_tokens_per_parameter(tmp_path, tiny_data_root):
