@@ -39,10 +39,16 @@ def _checked(key, value, default, optional):
     raise UserError(f"{key} must be {type(default).__name__} like its default {default!r}, got {value!r}")
 
 
+class Config(dict):
+    """A parsed config: every key of its defaults. `given`: the keys a config file or the command line set, whatever
+    their value: a key set to its default is set, and is honoured or refused, never replaced by a checkpoint's value."""
+    given = frozenset()
+
+
 def parse_config(defaults, argv, optional=(), hints=None):
-    """nanoGPT's convention: config files (`key = value` lines) in order, then `--key=value` overrides; a new dict of
+    """nanoGPT's convention: config files (`key = value` lines) in order, then `--key=value` overrides; a new Config of
     defaults' keys, an unknown key or a wrong type a UserError. `optional` keys may be None; `hints`: key -> why not."""
-    config = dict(defaults)
+    config, given = Config(defaults), set()
 
     def assign(key, value, where):
         if key in (hints or {}):
@@ -52,6 +58,7 @@ def parse_config(defaults, argv, optional=(), hints=None):
             raise UserError(f"unknown config key {key!r} in {where}"
                             + (f" (did you mean {match[0]!r}?)" if match else ''))
         config[key] = _checked(key, value, defaults[key], optional)
+        given.add(key)
 
     for arg in argv:
         if arg in ('-h', '--help'):  # the script's own docstring, then every key: its default and meaning
@@ -81,6 +88,7 @@ def parse_config(defaults, argv, optional=(), hints=None):
             for key, value in namespace.items():
                 if not key.startswith('_') and not callable(value) and type(value).__name__ != 'module':
                     assign(key, value, arg)
+    config.given = frozenset(given)
     return config
 
 

@@ -5,6 +5,7 @@ needs), its stops (Ctrl-C, SIGTERM), speed and ETA, its last line.
 """
 
 import ast
+import itertools
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from tqdm import tqdm
 
 from common import (UserError, WriteFailed, atomic_write, check_device, describe_os_error, device_rng_state,
                     set_device_rng_state, synchronize)
-from model import OPERATOR_DEFAULTS, OPERATOR_KEYS
+from model import OPERATOR_DEFAULTS, OPERATOR_KEYS, OPERATORS
 from sources import load_checkpoint, read_log
 
 
@@ -82,19 +83,19 @@ def prepare_if_missing(cfg):
         raise UserError(f"preparing {folder} failed: {reason}")
 
 
-def run_folder_operator(cfg):
+def run_folder_operator(cfg, given):
     """The operator keys to build init_from with: the configured ones; for a run folder, its own (its weights hold
-    that operator's scalars), unless a key set away from its default contradicts them (one line); cfg takes them, so
-    the saved config tells the truth. operator_lr_mult, a training setting, stays the configured one."""
+    that operator's scalars), unless a key the user set (`given`, whatever its value) contradicts them: one line. cfg
+    takes them, so the saved config tells the truth. operator_lr_mult, a training setting, stays the configured one."""
     path = os.path.join(cfg.init_from, 'ckpt.pt')
     if os.path.isfile(path):
         saved = load_checkpoint(path, mmap=True, purpose='info')['model_args']
         own = [k for k in OPERATOR_KEYS if k != 'operator_lr_mult']
-        wrong = [k for k in own if getattr(cfg, k) != OPERATOR_DEFAULTS[k] and getattr(cfg, k) != saved[k]]
+        wrong = [k for k in own if k in given and getattr(cfg, k) != saved[k]]
         if wrong:
-            raise UserError(f"{cfg.init_from} was trained with " + ', '.join(f"{k}={saved[k]!r}" for k in wrong)
-                            + ": its weights hold that operator; leave " + ', '.join(f"--{k}" for k in wrong)
-                            + " unset, or start from scratch")
+            raise UserError(f"{', '.join(f'{k}={getattr(cfg, k)!r}' for k in wrong)} set, but {cfg.init_from} was "
+                            f"trained with {', '.join(f'{k}={saved[k]!r}' for k in wrong)}: its weights hold that "
+                            f"operator; leave {', '.join(f'--{k}' for k in wrong)} unset, or start from scratch")
         vars(cfg).update({k: saved[k] for k in own})
     return {k: getattr(cfg, k) for k in OPERATOR_KEYS}
 
@@ -342,14 +343,38 @@ def finish(cfg, rank, world, stopped, save, logger, progress, resumed, started):
 
 
 def next_commands(cfg, resumed):
-    """The README's next commands: a sample, the other of attention / corridor (not after a resume), the comparison."""
+    """What to run next, each command doing what it says: a sample; after a fresh run whose operator the user chose
+    (from scratch, or all of a pretrained model's weights), the other of attention / corridor trained the same way
+    into OUT-<other>, and the two compared; only the comparison where the other run is there already (the quick
+    start's attention run, in OUT-attention beside OUT). Nothing more after a resume (its command line holds no
+    config to repeat), a start from a run folder (its weights fix the operator) or train_only='operator' (attention
+    has no scalars to train)."""
     out = shlex.quote(cfg.out_dir)
     commands = [f"python sample.py --out_dir={out} --num_samples=3"]
-    if not resumed:
-        other = 'corridor' if cfg.operator == 'attention' else 'attention'
-        other_dir = shlex.quote(f"{cfg.out_dir.rstrip('/')}-{other}")
-        kept = [shlex.quote(a) for a in sys.argv[1:]
-                if a.partition('=')[0].removeprefix('--') not in (*OPERATOR_KEYS, 'out_dir', 'overwrite')]
-        commands += [' '.join(['python train.py', *kept, f"--operator={other}", f"--out_dir={other_dir}"]),
-                     f"python analyze.py {out} {other_dir} --out comparison"]
-    return commands
+    if resumed or cfg.train_only != 'all' or os.path.isfile(os.path.join(cfg.init_from, 'ckpt.pt')):
+        return commands
+
+    def operator_of(folder):  # the operator of the run whose checkpoint the folder holds, on this run's data
+        config = (saved_checkpoint(folder)[0] or {}).get('config', {})
+        return config.get('operator') if config.get('dataset') == cfg.dataset else None
+
+    base = cfg.out_dir.rstrip('/')
+    earlier = base.removesuffix(f'-{cfg.operator}')
+    if earlier != base and operator_of(earlier) not in (None, cfg.operator):
+        return commands + [f"python analyze.py {shlex.quote(earlier)} {out} --out comparison"]
+    other = 'corridor' if cfg.operator == 'attention' else 'attention'
+    other_dir = f"{base}-{other}"
+    if operator_of(other_dir) == other:
+        return commands + [f"python analyze.py {out} {shlex.quote(other_dir)} --out comparison"]
+    if os.path.exists(os.path.join(other_dir, 'ckpt.pt')):  # another run's folder: the first free OUT-<other>-k
+        other_dir = next(d for d in (f"{other_dir}-{k}" for k in itertools.count(2))
+                         if not os.path.exists(os.path.join(d, 'ckpt.pt')))
+    on_command_line = {a.partition('=')[0].removeprefix('--') for a in sys.argv[1:]}
+    kept = [shlex.quote(a) for a in sys.argv[1:]
+            if a.partition('=')[0].removeprefix('--') not in (*OPERATOR_KEYS, 'out_dir', 'overwrite')]
+    # a config file's operator keys that the other form does not read, back to their defaults (it would refuse them)
+    resets = [f"--{k}={config_text(OPERATOR_DEFAULTS[k])}" for k in OPERATOR_KEYS[1:] if k not in on_command_line
+              and k not in OPERATORS[other].keys and getattr(cfg, k) != OPERATOR_DEFAULTS[k]]
+    return commands + [' '.join(['python train.py', *kept, f"--operator={other}", *map(shlex.quote, resets),
+                                 f"--out_dir={shlex.quote(other_dir)}"]),
+                       f"python analyze.py {out} {shlex.quote(other_dir)} --out comparison"]

@@ -91,7 +91,8 @@ HINTS = dict(vocab_size="vocab_size comes from the data's meta.json, and the mod
 
 
 def resolve_config(argv):
-    """(cfg, checkpoint or None): a resume starts from its saved config, its architecture fixed."""
+    """(cfg, checkpoint or None, the keys the user set): a resume starts from its saved config, its architecture
+    fixed; a key a config file or the command line set is honoured or refused, whatever its value."""
     config, ckpt = parse_config(DEFAULTS, argv, hints=HINTS), None
     if config['init_from'] == 'resume':
         path = os.path.join(config['out_dir'], 'ckpt.pt')
@@ -142,12 +143,13 @@ def resolve_config(argv):
              "CUDA only: on mps use float32 (the default) or bfloat16")):
         if wrong:
             raise UserError(message)
-    return cfg, ckpt
+    return cfg, ckpt, config.given
 
 
-def build_model(cfg, data, ckpt):
-    """From the checkpoint, from scratch, or pretrained (GPT-2 as our GPT, another causal LM as lab.pretrained's) with
-    the configured operator and train_only; it must read the data as tokenized and fit its context."""
+def build_model(cfg, data, ckpt, given):
+    """From the checkpoint, from scratch, or from weights: a run folder's, or pretrained (GPT-2 as our GPT, another
+    causal LM as lab.pretrained's) with the configured operator and train_only; it must read the data as tokenized and
+    fit its context. Keys the weights fix take the weights' values; one the user set to another value is refused."""
     if ckpt is not None:  # the architecture stays; dropout and operator_lr_mult are training settings it may change
         model = model_from_checkpoint(ckpt, dropout=cfg.dropout, operator_lr_mult=cfg.operator_lr_mult)
         model.source = ckpt.get('source')
@@ -155,12 +157,17 @@ def build_model(cfg, data, ckpt):
         model = GPT(model_config({**vars(cfg), 'vocab_size': data.meta['vocab_size']}))
         model.source = None
     else:
-        model, _ = load_model(cfg.init_from, dropout=cfg.dropout, **run.run_folder_operator(cfg))
+        model, _ = load_model(cfg.init_from, dropout=cfg.dropout, **run.run_folder_operator(cfg, given))
         if cfg.dropout and not isinstance(model, GPT):
             raise UserError(f"dropout: {cfg.init_from} keeps its own (attention_dropout in its config.json); leave "
                             f"--dropout at 0")
-        for key in ('n_layer', 'n_head', 'n_embd', 'bias'):
-            setattr(cfg, key, getattr(model.config, key))  # the model's own, so the saved config tells the truth
+        shape = {key: getattr(model.config, key) for key in ('n_layer', 'n_head', 'n_embd', 'bias')}
+        wrong = [key for key, value in shape.items() if key in given and getattr(cfg, key) != value]
+        if wrong:
+            raise UserError(f"{', '.join(f'{k}={getattr(cfg, k)!r}' for k in wrong)} set, but {cfg.init_from}'s weights "
+                            f"have {', '.join(f'{k}={shape[k]!r}' for k in wrong)}: a start from weights keeps their "
+                            f"shape; leave {', '.join(wrong)} unset or set to that")
+        vars(cfg).update(shape)  # the model's own, so the saved config tells the truth
         model.source = cfg.init_from  # where the weights came from: the checkpoint names it
     if cfg.train_only == 'operator':
         if not model.operator_parameters():
@@ -284,7 +291,7 @@ def main(argv):
 
 def train(argv, held):
     """Config, processes, data, model and optimizer; then the loop. Returns main's exit status."""
-    cfg, ckpt = resolve_config(argv)
+    cfg, ckpt, given = resolve_config(argv)
     ddp, rank, world, device = held.enter_context(run.processes(cfg))
     dtype, device_type = resolve_dtype(cfg.dtype, device), device.split(':')[0]
     autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
@@ -297,7 +304,7 @@ def train(argv, held):
     # sees exactly the batches of one process with the same gradient_accumulation_steps.
     data_rng = torch.Generator().manual_seed(cfg.seed)
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
-    raw_model, resumed = build_model(cfg, data, ckpt).to(device), ckpt is not None
+    raw_model, resumed = build_model(cfg, data, ckpt, given).to(device), ckpt is not None
     if rank > 0:  # built from one seed on every rank; each its own dropout masks from here
         torch.manual_seed(cfg.seed + rank)
     held.enter_context(sdpa_backend(cfg.sdpa_backend, raw_model, cfg.block_size, device, dtype, autocast))

@@ -259,20 +259,56 @@ def test_under_torchrun_the_micro_batches_must_divide_among_the_processes_which_
     assert str(e.value) == "gradient_accumulation_steps=4 must be divisible by the 3 DDP processes"
 
 
-def test_the_next_commands_of_the_quick_start_are_the_readmes(monkeypatch):
+def run_config(**keys):
+    from train import DEFAULTS
+    return SimpleNamespace(**{**DEFAULTS, 'dataset': 'shakespeare_char', **keys})
+
+
+def test_the_next_commands_of_the_quick_start_are_the_readmes(monkeypatch, tmp_path):
     """The quick start's run ends with exactly the README's next commands; a corridor run's other run is attention
     with its own out_dir, an attention run's the corridor; a resumed run's command line holds no config to repeat."""
+    monkeypatch.chdir(tmp_path)  # no run folders here
     monkeypatch.setattr(sys, 'argv', ['train.py', 'configs/shakespeare_char.py', '--operator=corridor'])
-    cfg = SimpleNamespace(out_dir='out-shakespeare-char', operator='corridor')
+    cfg = run_config(out_dir='out-shakespeare-char', operator='corridor')
     readme = (REPO / 'README.md').read_text()
     block = readme.split('It ends by naming its checkpoint and the next commands')[1].split('```bash\n')[1]
     printed = run.next_commands(cfg, resumed=False)
     assert block.split('```')[0].strip().splitlines() == printed
     monkeypatch.setattr(sys, 'argv', ['train.py', 'configs/shakespeare_char.py', '--operator=attention',
                                       '--out_dir=base', '--overwrite=True'])
-    other = run.next_commands(SimpleNamespace(out_dir='base', operator='attention'), resumed=False)
+    other = run.next_commands(run_config(out_dir='base', operator='attention'), resumed=False)
     assert other[1] == 'python train.py configs/shakespeare_char.py --operator=corridor --out_dir=base-corridor'
     assert run.next_commands(cfg, resumed=True) == printed[:1]
+
+
+def test_the_next_commands_see_the_other_run_and_never_print_one_that_would_be_refused(trained_run, monkeypatch,
+                                                                                        tmp_path):
+    """After the quick start's attention run (OUT-attention beside the corridor run in OUT): the comparison alone.
+    After a start from a run folder (its weights fix the operator) or of the scalars alone: the sample alone. A config
+    file's operator keys the other form does not read are reset; a folder another run holds is not reused."""
+    import shutil
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(trained_run, 'base', ignore=shutil.ignore_patterns('analysis', 'train.lock'))  # corridor, 'tiny'
+    monkeypatch.setattr(sys, 'argv', ['train.py', 'tiny.py', '--operator=attention', '--out_dir=base-attention'])
+    after = run.next_commands(run_config(out_dir='base-attention', operator='attention', dataset='tiny'), False)
+    assert after == ['python sample.py --out_dir=base-attention --num_samples=3',
+                     'python analyze.py base base-attention --out comparison']
+    other_data = run.next_commands(run_config(out_dir='base-attention', operator='attention'), False)
+    assert other_data[1].endswith('--operator=corridor --out_dir=base-attention-corridor')  # not a partner
+    for start in (dict(init_from='base'), dict(init_from='smollm2-135m', train_only='operator')):
+        assert run.next_commands(run_config(out_dir='next', operator='corridor', **start), False) == \
+            ['python sample.py --out_dir=next --num_samples=3']
+    # a laplacian run from a config file that sets its keys: attention is told to drop them
+    monkeypatch.setattr(sys, 'argv', ['train.py', 'lap.py', '--out_dir=lap'])
+    lap = run.next_commands(run_config(out_dir='lap', operator='laplacian', laplacian_heads=2), False)
+    assert lap[1] == 'python train.py lap.py --operator=attention --laplacian_heads=1 --out_dir=lap-attention'
+    # base-attention holds no run, but a corridor run's partner folder taken by another corridor run is not reused
+    shutil.copytree('base', 'c-attention')
+    shutil.copytree('base', 'c-attention-2')
+    monkeypatch.setattr(sys, 'argv', ['train.py', 'tiny.py', '--out_dir=c'])
+    taken = run.next_commands(run_config(out_dir='c', operator='corridor', dataset='tiny'), False)
+    assert taken[1:] == ['python train.py tiny.py --operator=attention --out_dir=c-attention-3',
+                         'python analyze.py c c-attention-3 --out comparison']
 
 
 @pytest.mark.slow
@@ -285,8 +321,25 @@ def test_the_printed_next_commands_run_as_printed(tiny_data_root, tmp_path):
     lines = result.stdout.splitlines()
     commands = lines[lines.index(next(line for line in lines if line.startswith('done: '))) + 1:]
     assert len(commands) == 3 and commands[1].endswith('--operator=attention --out_dir=first-attention')
-    for command in commands:
-        script, *args = command.removeprefix('python ').split(' ')
-        done = run_script(script, *(a.strip("'") for a in args), cwd=tmp_path)
-        assert done.returncode == 0, (command, done.stderr[-2000:])
+    outputs = [run_printed(command, tmp_path) for command in commands]
     assert (tmp_path / 'first-attention' / 'ckpt.pt').exists() and (tmp_path / 'comparison' / 'val_loss.png').exists()
+    assert json.loads((tmp_path / 'first-attention' / 'config.json').read_text())['operator'] == 'attention'
+    # the attention run's own block sees the corridor run beside it: its comparison, nothing to train
+    lines = outputs[1].splitlines()
+    assert lines[lines.index(next(line for line in lines if line.startswith('done: '))) + 1:] == [
+        'python sample.py --out_dir=first-attention --num_samples=3',
+        'python analyze.py first first-attention --out comparison']
+    # a run started from the corridor run's folder: its weights fix the operator, so no other run is offered
+    started = train(tiny_data_root, 'second', '--init_from=first', '--max_iters=2', '--eval_interval=2',
+                    '--warmup_iters=1', '--lr_decay_iters=4', cwd=tmp_path)
+    assert started.returncode == 0, started.stderr[-2000:]
+    assert started.stdout.splitlines()[-1] == 'python sample.py --out_dir=second --num_samples=3'
+
+
+def run_printed(command, cwd):
+    """A printed command run as it stands (its quotes as a shell reads them); its stdout."""
+    import shlex
+    script, *args = shlex.split(command.removeprefix('python '))
+    done = run_script(script, *args, cwd=cwd)
+    assert done.returncode == 0, (command, done.stderr[-2000:])
+    return done.stdout
