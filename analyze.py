@@ -4,6 +4,8 @@ Where did the operator go? Reads run folders written by train.py; writes corrido
     python analyze.py out-shakespeare-char                        # -> out-shakespeare-char/analysis/
     python analyze.py out-a out-b out-c --out comparison          # each run, and the runs compared
 
+Reads each run's log.jsonl (every evaluation) and ckpt.pt (its config and, for a run stopped after its last
+evaluation, the newer scalars); a run that saved no checkpoint yet is read from log.jsonl and config.json alone.
 Per run (RUN/analysis/, or OUT/<run>/): corridor.json, summary.md, occupancy.png, gamma_delta.png, evolution.png
 (every head's γ and δ against tokens seen), loss.png, and walk.png for a run trained with walk_interval (drawn by
 lab/figures.py). Several runs: the same across runs in OUT (./comparison) and a summary.md of final losses. The
@@ -188,7 +190,8 @@ def analyze_run(run, out):
     plot_walks({run['name']: log}, os.path.join(out, 'walk.png'), run['name'])
     table = layer_table(report) if scalars else \
         "plain attention: every head's (c_I, c_P) is (0, 1), γ = 0, δ = 1, nothing to place in the corridor"
-    header = f"# {run['name']}: operator {report['operator']}, iter {run['iter']}\n\n"
+    header = f"# {run['name']}: operator {report['operator']}, iter {run['iter']}" + \
+        (" (no ckpt.pt yet: its log.jsonl's last evaluation)" if run['checkpoint'] is None else '') + "\n\n"
     with atomic_write(os.path.join(out, 'summary.md')) as f:
         f.write(header + table + '\n')
     print(header + table + f"\n-> {out}\n")

@@ -34,6 +34,9 @@ DEFAULTS = dict(
 
 def main(argv):
     cfg = parse_config(DEFAULTS, argv, optional=('top_k',))
+    if 'out_dir' in cfg.given and cfg['init_from'] != 'resume':
+        raise UserError(f"out_dir names the run folder to sample with init_from='resume'; init_from={cfg['init_from']!r}"
+                        f" samples that model: drop --out_dir, or --init_from")
     model, meta = load_model(cfg['out_dir'] if cfg['init_from'] == 'resume' else cfg['init_from'])
     encode, decode = tokenizer_from_meta(meta)
     for wrong, message in ((cfg['num_samples'] < 1, f"num_samples must be at least 1, got {cfg['num_samples']}"),

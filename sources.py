@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from common import UserError, gpt2_encoding, is_gpt2
-from model import GPT, OPERATOR_KEYS, GPTConfig, gamma_delta
+from model import GPT, OPERATOR_KEYS, OPERATORS, GPTConfig, gamma_delta
 
 
 def read_meta(data_root, dataset):
@@ -122,8 +122,42 @@ def load_model(source, **overrides):
     if os.path.isfile(os.path.join(source, 'ckpt.pt')):
         ckpt = load_checkpoint(os.path.join(source, 'ckpt.pt'))
         return model_from_checkpoint(ckpt, **overrides), ckpt['meta']
+    if is_run_folder(source):  # its config.json is a run's, not a transformers model's
+        raise UserError(no_checkpoint_yet(source, 'loading its model'))
     from lab import pretrained  # dropout: a pretrained model keeps its own
     return pretrained.load_pretrained(source, **{k: v for k, v in overrides.items() if k != 'dropout'})
+
+
+def is_run_folder(folder):
+    """A folder train.py writes: its lock and log.jsonl from the run's first moment, ckpt.pt from its first evaluation
+    after iteration 0."""
+    return any(os.path.isfile(os.path.join(folder, name)) for name in ('ckpt.pt', 'log.jsonl', 'train.lock'))
+
+
+def read_run_config(out_dir):
+    """A run folder's config.json (every key of the run, as train.py wrote it), or one line saying what is wrong."""
+    path = os.path.join(out_dir, 'config.json')
+    try:
+        with open(path, encoding='utf-8') as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing: train.py writes it as a run starts") from None
+    except (OSError, ValueError, RecursionError) as e:
+        raise UserError(f"{path} is not a config.json train.py writes ({str(e).splitlines()[0]})") from None
+    if not isinstance(config, dict) or config.get('operator') not in OPERATORS:
+        raise UserError(f"{path} is not a config.json train.py writes (no known operator)")
+    return config
+
+
+def no_checkpoint_yet(out_dir, needs):
+    """The line for a run folder without ckpt.pt, naming what needed it and when the run writes it."""
+    try:
+        when = f" (iter {int(read_run_config(out_dir)['eval_interval'])})"
+    except (UserError, KeyError, TypeError, ValueError):
+        when = ''
+    return (f"{out_dir} holds a train.py run with no ckpt.pt yet, which {needs} needs: train.py writes it at the "
+            f"run's first evaluation after iteration 0{when}; if the run is still training, wait for that, else run "
+            f"its train.py command again (its keys: {os.path.join(out_dir, 'config.json')})")
 
 
 NOTED = set()  # the "predates model_args" notes printed so far
@@ -209,13 +243,27 @@ def read_log(out_dir):
 
 
 def load_run(out_dir):
-    """A run folder: name, config, log, final (γ, δ), the (iter, γ, δ) series, parameter counts, source, seconds. The
-    checkpoint (memory-mapped) makes a model only for what log.jsonl lacks (a stop after the last eval; a size)."""
+    """A run folder: name, config, log, final (γ, δ), the (iter, γ, δ) series, parameter counts, source, seconds, and
+    checkpoint (its path, or None). The checkpoint (memory-mapped) makes a model only for what log.jsonl lacks (a stop
+    after the last eval; a size). A run that saved none yet is read from log.jsonl and config.json: its last
+    evaluation, no parameter counts or seconds (those are ckpt.pt's)."""
     if not os.path.isdir(out_dir):
         raise UserError(f"no run folder {out_dir!r}")
-    ckpt = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), mmap=True)
+    path = os.path.join(out_dir, 'ckpt.pt')
     log = read_log(out_dir)
     series = [(e['iter'], torch.tensor(e['gamma']), torch.tensor(e['delta'])) for e in log if 'gamma' in e]
+    if not os.path.isfile(path):
+        if not is_run_folder(out_dir):
+            raise UserError(f"{out_dir} is not a train.py run folder (no ckpt.pt, no log.jsonl)")
+        if not series:
+            raise UserError(f"{out_dir} holds a run with no evaluation in log.jsonl and no checkpoint yet: nothing to "
+                            f"analyze before its first evaluation")
+        config = read_run_config(out_dir)
+        return dict(name=os.path.basename(os.path.normpath(out_dir)), out_dir=out_dir, config=config,
+                    iter=series[-1][0], log=log, gamma=series[-1][1], delta=series[-1][2], series=series, params=None,
+                    non_embedding=None, source=None if config.get('init_from', 'scratch') == 'scratch' else config['init_from'],
+                    seconds=None, checkpoint=None)
+    ckpt = load_checkpoint(path, mmap=True)
     # stopped after its last evaluation (Ctrl-C), or a log lost: the checkpoint's own scalars
     model = None if series and series[-1][0] == ckpt['iter_num'] else model_from_checkpoint(ckpt)
     gamma, delta = series[-1][1:] if model is None else gamma_delta(model.operator_coefficients())
@@ -227,4 +275,4 @@ def load_run(out_dir):
     return dict(name=os.path.basename(os.path.normpath(out_dir)), out_dir=out_dir, config=ckpt['config'],
                 iter=ckpt['iter_num'], log=log, gamma=gamma, delta=delta, series=series,
                 params=counted.get_num_params(), non_embedding=counted.non_embedding_params(),
-                source=ckpt.get('source'), seconds=ckpt.get('seconds'))
+                source=ckpt.get('source'), seconds=ckpt.get('seconds'), checkpoint=path)

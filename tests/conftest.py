@@ -142,3 +142,19 @@ def trained_run(tiny_data_root, tmp_path_factory):
                     '--init_spread=0.2', '--max_iters=60', '--lr_decay_iters=60', '--eval_interval=20',
                     '--walk_interval=20', '--walk_seqs=4'])
     return out
+
+
+@pytest.fixture(scope='session')
+def unsaved_run(tiny_data_root, tmp_path_factory):
+    """A run folder that saved no checkpoint (config.json, and log.jsonl with its iteration-0 evaluation), as a run
+    stopped before its first evaluation after iteration 0 leaves it; here max_iters=0 ends it there."""
+    import signal
+    import train
+    out = tmp_path_factory.mktemp('unsaved') / 'out'
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(signal, 'signal', lambda *a: None)
+        train.main([*TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', f'--out_dir={out}', '--operator=corridor',
+                    '--gamma_init=-0.2', '--max_iters=0', '--lr_decay_iters=10', '--warmup_iters=1',
+                    '--eval_interval=10'])
+    assert sorted(p.name for p in out.iterdir()) == ['config.json', 'log.jsonl', 'train.lock']
+    return out

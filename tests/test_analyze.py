@@ -135,7 +135,24 @@ def test_gamma_delta_come_from_the_log_and_the_checkpoint_only_when_it_is_newer(
 def test_bad_input_is_one_line(tmp_path):
     assert_one_line_error(run_script('analyze.py', 'nowhere', cwd=tmp_path), "no run folder 'nowhere'")
     (tmp_path / 'empty').mkdir()
-    assert_one_line_error(run_script('analyze.py', 'empty', cwd=tmp_path), 'no checkpoint at')
+    assert_one_line_error(run_script('analyze.py', 'empty', cwd=tmp_path), 'empty is not a train.py run folder')
+    (tmp_path / 'starting').mkdir()  # a run in its first moments: locked, its log still empty
+    (tmp_path / 'starting' / 'train.lock').write_text('pid 1\n')
+    (tmp_path / 'starting' / 'log.jsonl').write_text('')
+    assert_one_line_error(run_script('analyze.py', 'starting', cwd=tmp_path), 'no evaluation in log.jsonl')
+
+
+def test_a_run_that_saved_no_checkpoint_is_analyzed_from_its_log_and_config(unsaved_run, tmp_path):
+    """What log.jsonl holds is read without ckpt.pt: the last evaluation's γ and δ, the operator from config.json;
+    the summary says where they came from."""
+    result = run_script('analyze.py', unsaved_run, '--out', tmp_path / 'a', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert 'iter 0 (no ckpt.pt yet' in result.stdout
+    out = tmp_path / 'a' / unsaved_run.name
+    report = json.loads((out / 'corridor.json').read_text())
+    assert report['operator'] == 'corridor' and report['iter'] == 0
+    assert [g for layer in report['layers'] for g in layer['gamma']] == pytest.approx([-0.2] * 4)
+    assert {p.name for p in out.iterdir()} >= {'evolution.png', 'gamma_delta.png', 'loss.png'}
 
 
 def test_a_run_with_walk_geometry_gets_its_plot_and_the_series_read_back_exactly(trained_run, tmp_path):

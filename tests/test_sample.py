@@ -59,6 +59,22 @@ def test_bad_input_is_one_line(trained_run, tmp_path):
     assert_one_line_error(sample(f'--out_dir={empty}'), 'is neither a run folder with ckpt.pt nor')
 
 
+def test_a_run_folder_that_saved_no_checkpoint_is_named_so_with_when_it_saves_one(unsaved_run, tmp_path):
+    """Its config.json is a run's, not a transformers model's: the line says the run saved no ckpt.pt yet, when it
+    writes one (its first evaluation after iteration 0) and what to run."""
+    assert_one_line_error(run_script('sample.py', f'--out_dir={unsaved_run}', cwd=tmp_path),
+                          f"{unsaved_run} holds a train.py run with no ckpt.pt yet", "(iter 10)",
+                          "run its train.py command again")
+
+
+def test_out_dir_is_refused_where_init_from_does_not_read_it(trained_run, tmp_path):
+    """--out_dir names the run to sample only with init_from='resume' (the default): set beside another source it
+    would be ignored, so it is one line, even when set to its default."""
+    for out_dir in (trained_run, 'out'):
+        assert_one_line_error(run_script('sample.py', '--init_from=gpt2', f'--out_dir={out_dir}', cwd=tmp_path),
+                              "out_dir names the run folder to sample with init_from='resume'")
+
+
 def test_the_samples_of_one_call_differ_and_continue_one_random_stream(trained_run, tmp_path):
     """num_samples draws from one seeded generator, one after another: the samples differ from each other, and
     are what model.generate gives called that many times in a row with that generator (float32 on the CPU, as the
