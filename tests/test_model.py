@@ -142,6 +142,34 @@ def test_operator_coefficients_follow_the_table(operator):
         assert gamma[:, -1].tolist() == [-1.0, -1.0] and delta[:, -1].tolist() == [-1.0, -1.0]
 
 
+def test_every_weight_starts_as_gpt2_initialises_it():
+    """GPT-2's initialisation, group by group: every Linear and embedding N(0, 0.02), the two residual projections of
+    each block N(0, 0.02/√(2·n_layer)) (the residual stream's variance stays O(1) over depth), biases 0, LayerNorms
+    (1, 0), the output layer the token embedding itself. Sampled stds within 4 % (each group holds ≥ 16k weights:
+    the std's relative sampling error is ≤ 0.6 %)."""
+    torch.manual_seed(0)
+    n_layer = 6
+    model = GPT(GPTConfig(n_layer=n_layer, n_head=4, n_embd=64, block_size=256, vocab_size=300, bias=True,
+                          operator='corridor'))
+    assert model.lm_head.weight is model.transformer.wte.weight
+    residual = 0.02 / math.sqrt(2 * n_layer)
+    expected = {'wte': 0.02, 'wpe': 0.02, 'attn.c_attn': 0.02, 'mlp.c_fc': 0.02, 'attn.c_proj': residual,
+                'mlp.c_proj': residual}
+    groups = {key: [] for key in expected}
+    for name, p in model.named_parameters():
+        if name.endswith('.bias'):
+            assert torch.all(p == 0), name
+        elif '.ln_' in name or 'ln_f' in name:
+            assert torch.all(p == 1), name
+        elif not name.endswith(('coefficients.gamma', 'coefficients.delta')):
+            groups[next(key for key in expected if f'{key}.weight' in name)].append(p.detach().flatten())
+    for key, std in expected.items():
+        weights = torch.cat(groups[key])
+        assert weights.numel() >= 16_000 and abs(weights.mean().item()) < 3 * std / math.sqrt(weights.numel())
+        assert weights.std().item() == pytest.approx(std, rel=0.04), key
+    assert groups['attn.c_proj'] and len(groups['mlp.c_proj']) == n_layer  # every block's, not only the first
+
+
 def test_init_spread_draws_gamma_around_gamma_init():
     coefficients = build(operator='corridor', gamma_init=-0.5, init_spread=0.25, n_head=8).operator_coefficients()
     gamma, delta = gamma_delta(coefficients)

@@ -11,7 +11,7 @@ import torch
 
 from common import UserError
 from lab.file_checks import changed_records, check_tensors
-from sources import load_checkpoint
+from sources import load_checkpoint, read_log
 
 
 def record_of(path, tensor=None):
@@ -116,3 +116,30 @@ def test_a_byte_flipped_anywhere_in_the_zips_directory_is_one_line_or_a_checkpoi
         except UserError:
             continue
         assert ckpt['iter_num'] == saved['iter_num'] and changed_records(ckpt_path) == [], offset
+
+
+def test_a_malformed_last_log_line_is_skipped_only_when_a_crash_tore_it(trained_run, tmp_path):
+    """log.jsonl's last line without its newline is an append a crash cut short: skipped, the lines before it read.
+    The same bytes ended by a newline were written whole, so they are wrong, not torn: one line naming the line."""
+    shutil.copytree(trained_run, tmp_path / 'run', ignore=shutil.ignore_patterns('analysis', 'train.lock'))
+    path = tmp_path / 'run' / 'log.jsonl'
+    good = path.read_bytes()
+    entries = read_log(path.parent)
+    path.write_bytes(good + b'{"iter": 80, "tokens": 5')
+    assert read_log(path.parent) == entries
+    path.write_bytes(good + b'{"iter": 80, "tokens": 5\n')
+    with pytest.raises(UserError) as e:
+        read_log(path.parent)
+    assert str(e.value).startswith(f"{path}:{len(entries) + 1}: not a log line train.py writes")
+
+
+def test_a_model_key_newer_than_the_checkpoint_takes_the_run_configs_value_when_it_has_one(ckpt_path, capsys):
+    """A checkpoint whose model_args lack a key reads it from its run config (here init_spread=0.2, not GPTConfig's
+    0.0), and says so once; without it in the config either, the default (test_train.py checks that branch)."""
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    assert ckpt['config']['init_spread'] == 0.2
+    del ckpt['model_args']['init_spread']
+    torch.save(ckpt, ckpt_path)
+    for _ in range(2):
+        assert load_checkpoint(ckpt_path)['model_args']['init_spread'] == 0.2
+    assert capsys.readouterr().err == f"{ckpt_path} predates model_args init_spread (read as 0.2)\n"

@@ -1309,10 +1309,10 @@ def test_a_checkpoint_saved_before_a_model_key_existed_samples_analyses_and_resu
 def test_a_checkpoint_from_a_newer_version_with_a_key_this_one_lacks_stays_refused(tiny_data_root, finished_run):
     path = finished_run / 'ckpt.pt'
     ckpt = torch.load(path, weights_only=True)
-    ckpt['model_args']['gate_init'] = 0.5
+    ckpt['model_args']['testonly_newer_key'] = 0.5  # a name no user gives a key: a real one must not break this test
     torch.save(ckpt, path)
     result = run_script('sample.py', f'--out_dir={finished_run}', '--num_samples=1', '--device=cpu', cwd=tiny_data_root)
-    assert_one_line_error(result, "model_args has unknown keys 'gate_init'")
+    assert_one_line_error(result, "model_args has unknown keys 'testonly_newer_key'")
 
 
 @pytest.mark.parametrize('split', ['train', 'val'])
@@ -1343,11 +1343,14 @@ def test_batches_reach_a_non_cuda_device_unpinned(tiny_data_root, monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- a form with a key
 
-GATE_FIELD = "    gate_init: float = 0.0      # gated: the gate's start; c_I = 2σ(gate)·δγ (0: the corridor)\n"
-GATED_FORM = """    'gated':      OperatorForm(('gamma', 'delta', 'gate'), learnable=True,
-                               init=lambda g0, d0, config: (g0, d0, torch.full_like(g0, config.gate_init)),
+# A gated corridor, named as no user would name a form or a key (a user who adds a `gated` form with a `gate_init`
+# must not break this test)
+FORM, KEY = 'testonly_gated', 'testonly_gate_init'
+GATE_FIELD = f"    {KEY}: float = 0.0      # {FORM}: the gate's start; c_I = 2σ(gate)·δγ (0: the corridor)\n"
+GATED_FORM = f"""    '{FORM}': OperatorForm(('gamma', 'delta', 'gate'), learnable=True,
+                               init=lambda g0, d0, config: (g0, d0, torch.full_like(g0, config.{KEY})),
                                coefficients=lambda gamma, delta, gate: (2 * torch.sigmoid(gate) * delta * gamma, delta),
-                               keys=START + ('gate_init',)),
+                               keys=START + ('{KEY}',)),
 """
 
 
@@ -1373,17 +1376,17 @@ def test_a_form_with_a_key_of_its_own_is_one_entry_and_one_field_and_older_runs_
                               env={**os.environ, 'PYTHONPATH': str(copy)}, timeout=600)
 
     tiny = [*TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', '--max_iters=4', '--eval_interval=4']
-    gated = run('train.py', *tiny, f'--out_dir={tmp_path / "gated"}', '--operator=gated', '--gate_init=0.5',
+    gated = run('train.py', *tiny, f'--out_dir={tmp_path / "gated"}', f'--operator={FORM}', f'--{KEY}=0.5',
                 '--gamma_init=-0.2')
     assert gated.returncode == 0, gated.stderr[-2000:]
     start = read_log(tmp_path / 'gated')[0]['gamma']
     assert all(g == pytest.approx(2 * torch.sigmoid(torch.tensor(0.5)).item() * -0.2, rel=1e-5) for row in start
                for g in row)  # the gate starts where its key says
     assert_one_line_error(run('train.py', *tiny, f'--out_dir={tmp_path / "c"}', '--operator=corridor',
-                              '--gate_init=0.5'), "operator='corridor' does not read gate_init", 'read by gated')
-    assert "gate_init=0.0" in run('train.py', '--help').stdout and "gated: the gate's start" in \
+                              f'--{KEY}=0.5'), f"operator='corridor' does not read {KEY}", f'read by {FORM}')
+    assert f"{KEY}=0.0" in run('train.py', '--help').stdout and f"{FORM}: the gate's start" in \
         run('train.py', '--help').stdout
-    note = "predates model_args gate_init (read as 0.0)"
+    note = f"predates model_args {KEY} (read as 0.0)"
     for args in (('sample.py', f'--out_dir={finished_run}', '--num_samples=1', '--max_new_tokens=4', '--device=cpu'),
                  ('analyze.py', finished_run),
                  ('train.py', '--init_from=resume', f'--out_dir={finished_run}', '--max_iters=12',
@@ -1393,5 +1396,5 @@ def test_a_form_with_a_key_of_its_own_is_one_entry_and_one_field_and_older_runs_
     tests = run('-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-n', '0', 'tests/test_model.py', '-k',
                 'follow_the_table or fast_path_equals_math_path or future_tokens or scalar_gradients_match or '
                 'kv_cached_generation_equals or weight_decay_never')
-    assert tests.returncode == 0 and 'gated' in tests.stdout + run('-m', 'pytest', '--collect-only', '-q',
+    assert tests.returncode == 0 and FORM in tests.stdout + run('-m', 'pytest', '--collect-only', '-q',
                                                                    'tests/test_model.py').stdout, tests.stdout[-3000:]

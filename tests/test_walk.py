@@ -484,10 +484,11 @@ def test_diagnostics_cli_on_a_corridor_run(trained_run, tmp_path):
     assert '| 1 | – |' in (tmp_path / 'diag' / 'diagnostics.md').read_text()  # the last layer has no drift
 
 
-# a diagnostic that logs written so far lack (docs/diagnostics.md's example): the mean weight of A_eff's first column
-SINK_TITLE = 'mean weight on the first token'
-SINK = connection.Diagnostic('sink_weight', 'sequence', lambda step: step.A.mean(1)[:, :, 0].mean(1), sem=True,
-                             column=('sink', '.3f'), plot=SINK_TITLE, panel=SINK_TITLE)
+# a diagnostic that logs written so far lack: docs/diagnostics.md's example (the mean weight of A_eff's first column)
+# under names no user gives one, so that a user who adds the example keeps these tests passing
+SINK_KEY, SINK_TITLE = 'testonly_sink_weight', 'testonly: mean weight on the first token'
+SINK = connection.Diagnostic(SINK_KEY, 'sequence', lambda step: step.A.mean(1)[:, :, 0].mean(1), sem=True,
+                             column=('testonly_sink', '.3f'), plot=SINK_TITLE, panel=SINK_TITLE)
 
 
 def test_a_new_diagnostic_is_one_registry_entry(trained_run, tmp_path, monkeypatch, capsys):
@@ -511,9 +512,9 @@ def test_a_new_diagnostic_is_one_registry_entry(trained_run, tmp_path, monkeypat
     idx = torch.randint(0, 30, (4, 7), generator=torch.Generator().manual_seed(8))
     out = connection_diagnostics(model, idx, batch_size=3)
     by_hand = model.forward_with_probs(idx)[1]  # every layer's P: the sink weight is A_eff's first column, averaged
-    assert out['sink_weight'] == pytest.approx([p.mean(1)[:, :, 0].mean(1).mean().item() for p in by_hand], rel=1e-12)
-    assert len(out['sem']['sink_weight']) == 3
-    assert list(connection.walk_geometry(model, idx)['attention']) == [*connection.RESULT_ORDER, 'sink_weight']
+    assert out[SINK_KEY] == pytest.approx([p.mean(1)[:, :, 0].mean(1).mean().item() for p in by_hand], rel=1e-12)
+    assert len(out['sem'][SINK_KEY]) == 3
+    assert list(connection.walk_geometry(model, idx)['attention']) == [*connection.RESULT_ORDER, SINK_KEY]
 
     (tmp_path / 'text.txt').write_text(synthetic_text(300, seed=9))
     lab.walk.main([str(trained_run), '--text', str(tmp_path / 'text.txt'), '--n_seqs', '4', '--seq_len', '16',
@@ -521,10 +522,10 @@ def test_a_new_diagnostic_is_one_registry_entry(trained_run, tmp_path, monkeypat
     saved = json.loads((tmp_path / 'diag' / 'diagnostics.json').read_text())[trained_run.name]
     printed = capsys.readouterr().out
     headers = [e.column[0] for e in connection.DIAGNOSTICS if e.column]  # the registry's columns, the new one last
-    assert headers[-1] == 'sink' and '| model | layer | ' + ' | '.join(headers) + ' |\n' in printed
+    assert headers[-1] == 'testonly_sink' and '| model | layer | ' + ' | '.join(headers) + ' |\n' in printed
     assert '|---' * (2 + len(headers)) + '|\n' in printed
     for part in ('attention', 'operator'):
-        values = saved[part]['sink_weight']
+        values = saved[part][SINK_KEY]
         label = f"{trained_run.name} ({'attention part' if part == 'attention' else 'full operator'})"
         for layer, value in enumerate(values):
             assert f"| {label} | {layer} | " in printed and printed.split(f"| {label} | {layer} | ")[1].split('\n')[0] \
@@ -536,7 +537,7 @@ def test_a_new_diagnostic_is_one_registry_entry(trained_run, tmp_path, monkeypat
     for entry in log:
         if 'walk' in entry:
             entry['walk'] = connection.walk_geometry(trained, idx % trained.config.vocab_size)
-    assert lab.figures.walk_panels()[-1] == ('sink_weight', title)
+    assert lab.figures.walk_panels()[-1] == (SINK_KEY, title)
     titles.clear()
     lab.figures.plot_walk_evolution({'run': [log]}, str(tmp_path / 'evolution.png'), 'tiny')
     assert title in titles[0]  # a row of the walk during training
@@ -554,7 +555,7 @@ def drawn_rows(monkeypatch):
 @pytest.mark.parametrize('dropped, panel', [(None, None), ('a_eff_fro', 'a_eff_fro'), ('gram_diag_mean', 'gram_ratio')])
 def test_analyze_draws_a_log_older_than_the_registry_with_the_rows_it_has(trained_run, tmp_path, monkeypatch,
                                                                           dropped, panel):
-    """A log written before a registry entry was added (sink_weight), or without a diagnostic a panel needs (its own
+    """A log written before a registry entry was added, or without a diagnostic a panel needs (its own
     list, or gram_ratio's Ḡ diagonal), is read with what it holds: analyze.py's walk.png draws every other row."""
     import shutil
     import analyze
@@ -568,7 +569,7 @@ def test_analyze_draws_a_log_older_than_the_registry_with_the_rows_it_has(traine
     monkeypatch.setattr(connection, 'DIAGNOSTICS', connection.DIAGNOSTICS + (SINK,))
     figures = drawn_rows(monkeypatch)
     analyze.main([str(run), '--out', str(tmp_path / 'out')])
-    kept = [name for key, name in lab.figures.walk_panels() if key not in ('sink_weight', panel)]
+    kept = [name for key, name in lab.figures.walk_panels() if key not in (SINK_KEY, panel)]
     assert figures == [[(name, True) for name in kept] + [('mean γ of the layer', True)]]
     assert (tmp_path / 'out' / 'old' / 'walk.png').stat().st_size > 1000
 
@@ -601,7 +602,7 @@ def test_the_geometry_study_reports_the_registrys_diagnostics_its_runs_logged(tm
     from lab.figures import walk_panels
     keys = connection.per_layer()
     monkeypatch.setattr(connection, 'DIAGNOSTICS', connection.DIAGNOSTICS + (SINK,))
-    keys += ['sink_weight'] * logs_the_new_entry
+    keys += [SINK_KEY] * logs_the_new_entry
     loaded = {(v, s): geometry_run(v, s, keys) for v in ('attention', 'corridor') for s in range(3)}
     tests = stats.Tests()
     lines = study_figures.geometry_figures({'tiny': (loaded, reports.summarize(loaded, ['attention', 'corridor']))},
