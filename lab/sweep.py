@@ -217,17 +217,20 @@ def print_power(name, parts, hours, pilot_sd=0.0):
           f"--seeds={k}: {sum(k * len(p.variants) for p in parts)} runs, {stage1:.3g} h; its report.json gives each "
           f"test's paired SD s ('sd', on {k - 1} df)\n2. each test to the seeds N of 80 % power at s's upper 80 % "
           f"confidence bound, s·√({k - 1} / χ²₀.₂({k - 1})) = {factor:.2f}·s (80 % power then in at least 4 pilots of "
-          f"5; at s itself in about half), the pilot's seeds among them: python -m lab.sweep --variants=A,B --gpu=True "
-          f"--seeds=N. " + (f"At the pilot's s = {pilot_sd:g} (each row as if it were that test's):" if pilot_sd else
-                              "Were s the CPU's SD (--pilot_sd=S: at a measured one):")
-          + "\n\n| test | s | N | N at s itself | runs beyond the pilot | H100 hours |\n|---|---|---|---|---|---|")
+          f"5; at s itself in about half), the pilot's seeds among them: each row's command, with the pilot's "
+          f"--out_root, trains the test's two variants to N. " + (
+              f"At the pilot's s = {pilot_sd:g} (each row as if it were that test's):" if pilot_sd else
+              "Were s the CPU's SD (--pilot_sd=S: at a measured one):")
+          + "\n\n| test | s | N | N at s itself | runs beyond the pilot | H100 hours | command |\n"
+            "|---|---|---|---|---|---|---|")
     seeds = {}  # (setting, variant): the most seeds a decidable test asks of it
     for part, t, alpha in tests:
         sd = pilot_sd or t.sd
         n = seeds_for_power(t.effect, factor * sd, alpha=alpha)
         runs = 2 * max(0, n - k)
-        cost = f"{runs} | {runs * hours[part.setting]:.3g}" if n <= DECIDABLE_SEEDS else \
-            f"– | – (over {DECIDABLE_SEEDS} seeds: not a test a GPU study can afford to decide)"
+        cost = f"{runs} | {runs * hours[part.setting]:.3g} | python -m lab.sweep --variants={t.a},{t.b} --gpu=True " \
+            f"--seeds={n}" if n <= DECIDABLE_SEEDS else \
+            f"– | – (over {DECIDABLE_SEEDS} seeds: not a test a GPU study can afford to decide) | –"
         print(f"| {part.setting}: {t.a} − {t.b} | {sd:.4f} | {n} | {seeds_for_power(t.effect, sd, alpha=alpha)} | {cost} |")
         if n <= DECIDABLE_SEEDS:
             for variant in (t.a, t.b):
@@ -235,7 +238,7 @@ def print_power(name, parts, hours, pilot_sd=0.0):
     runs = {key: max(0, n - k) for key, n in seeds.items()}
     stage2 = sum(r * hours[setting] for (setting, _), r in runs.items())
     print(f"| every test up to {DECIDABLE_SEEDS} seeds (a variant shared by tests trained once) | | | | "
-          f"{sum(runs.values())} | {stage2:.3g} |\n\npilot and stage 2: {stage1 + stage2:.3g} H100 hours, estimated")
+          f"{sum(runs.values())} | {stage2:.3g} | |\n\npilot and stage 2: {stage1 + stage2:.3g} H100 hours, estimated")
 
 
 def train_all(runs, parallel, gpus_per_run=1):

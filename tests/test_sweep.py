@@ -559,7 +559,7 @@ def test_gpu_power_entries_are_the_per_seed_files_paired_differences():
 def power_rows(stdout, columns):
     """{test: cells} of the printed table whose header has this many columns."""
     return {row.split(' | ')[0][2:].split(': ')[1]: row.split(' | ')[1:] for row in stdout.splitlines()
-            if row.startswith('| openwebtext/') and row.count(' | ') == columns - 1}
+            if row.startswith('| openwebtext/') and ': ' in row.split(' | ')[0] and row.count(' | ') == columns - 1}
 
 
 def test_gpu_plan_sizes_every_registered_test_and_costs_both_stages(tmp_path, capsys):
@@ -568,7 +568,7 @@ def test_gpu_plan_sizes_every_registered_test_and_costs_both_stages(tmp_path, ca
     per_run = float(plan_rows(out)['openwebtext/gpt2_124m'][3])
     assert "Assumed at 124M: each test's effect and paired SD are the CPU's in nats" in out
     assert '| seeds at SD ×0.5 | ×1 | ×2 |' in out
-    table, stage2, k = power_rows(out, 9), power_rows(out, 6), studies.PILOT_SEEDS
+    table, stage2, k = power_rows(out, 9), power_rows(out, 7), studies.PILOT_SEEDS
     tested = {}
     for t in studies.GPU_POWER['claims']:  # each test alone in its family: one setting, so at 5 %
         cells = table[f'{t.a} − {t.b}']
@@ -577,9 +577,15 @@ def test_gpu_plan_sizes_every_registered_test_and_costs_both_stages(tmp_path, ca
         n = stats.seeds_for_power(t.effect, stats.sd_upper_bound(t.sd, k))
         runs, hours = stage2[f'{t.a} − {t.b}'][3:5]
         assert (int(stage2[f'{t.a} − {t.b}'][1]), int(runs)) == (n, 2 * (n - k))
-        assert float(hours.rstrip(' |')) == pytest.approx(2 * (n - k) * per_run, rel=0.01)
+        assert float(hours) == pytest.approx(2 * (n - k) * per_run, rel=0.01)
         for variant in (t.a, t.b):
             tested[variant] = max(n, tested.get(variant, 0))
+        # the row's command, as printed (with --plan=True: it would train on a GPU), plans exactly those runs
+        command = stage2[f'{t.a} − {t.b}'][5].rstrip(' |')
+        assert command == f"python -m lab.sweep --variants={t.a},{t.b} --gpu=True --seeds={n}"
+        sweep.main([*command.split()[3:], '--plan=True', f'--out_root={tmp_path}'])
+        planned = plan_rows(capsys.readouterr().out)['openwebtext/gpt2_124m']
+        assert planned[3] == plan_rows(out)['openwebtext/gpt2_124m'][3] and int(planned[4]) == 2 * n
     pilot = re.search(f'--study=claims --gpu=True --seeds={k}: (\\d+) runs, ([\\d.]+) h', out)
     assert int(pilot[1]) == k * len(studies.CLAIMS) and float(pilot[2]) == pytest.approx(int(pilot[1]) * per_run, rel=0.01)
     shared = sum(n - k for n in tested.values())  # a variant in two tests is trained once, to the larger N
@@ -592,7 +598,7 @@ def test_gpu_plan_sizes_every_registered_test_and_costs_both_stages(tmp_path, ca
     for t in studies.GPU_POWER['fixed_gamma']:
         alpha = 0.05 / (7 if t.a.startswith('fixed_gamma') else 1)  # the fixed-γ grid is one family of 7
         n = stats.seeds_for_power(t.effect, stats.sd_upper_bound(0.002, k), alpha=alpha)
-        assert power_rows(out, 6)[f'{t.a} − {t.b}'][:2] == ['0.0020', str(n)]
+        assert power_rows(out, 7)[f'{t.a} − {t.b}'][:2] == ['0.0020', str(n)]
     assert 'fixed_gamma=-0.05 − attention | 0.0020 | 108 | 39 | – | – (over 100 seeds' in out
     sweep.main(['--variants=attention,corridor', '--gpu=True', '--plan=True', f'--out_root={tmp_path}'])
     assert 'an ad hoc sweep registers no test' in capsys.readouterr().out
