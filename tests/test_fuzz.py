@@ -183,6 +183,29 @@ def test_an_unknown_key_in_a_checkpoints_config_is_not_copied_into_config_json(t
     assert 'n_layr' not in json.loads((run_dir / 'config.json').read_text())
 
 
+def test_a_corrupt_config_json_of_a_run_without_a_checkpoint_is_one_line_or_read(unsaved_run, tmp_path, capsys):
+    """Without ckpt.pt, config.json is what analyze.py reads a run's operator from (and sample.py its first
+    checkpoint's iteration): every corruption of it ends in one line or a run, and the folder stays as it was."""
+    saved = json.loads((unsaved_run / 'config.json').read_text())
+    read = ('operator', 'eval_interval', 'init_from')  # the keys they read; every other key's edits are alike
+    corruptions = [(name, corrupt) for name, corrupt in json_file_corruptions(
+        'config.json', saved, dict(operator=('corridr', None, 3)), random.Random(SEED))
+        if not any(f'-{edit}-' in name for edit in ('drop', 'retype')) or any(name.endswith(k) for k in read)]
+    outcomes = set()
+    for name, corrupt in corruptions:
+        run_dir = tmp_path / name
+        shutil.copytree(unsaved_run, run_dir)
+        bad = corrupt((unsaved_run / 'config.json').read_bytes())
+        (run_dir / 'config.json').unlink() if bad is None else (run_dir / 'config.json').write_bytes(bad)
+        before = digest(run_dir)
+        for main, argv in ((analyze.main, [str(run_dir), '--out', str(tmp_path / 'out')]),
+                           (sample.main, [f'--out_dir={run_dir}', '--device=cpu'])):
+            status, err = run_in_process(main, argv, capsys)
+            outcomes.add((main.__module__, outcome(name, main.__module__, status, err)))
+        assert digest(run_dir) == before, name
+    assert outcomes == {('analyze', 'ran'), ('analyze', 'refused'), ('sample', 'refused')}
+
+
 def test_init_from_a_corridor_run_folder_keeps_its_operator_or_says_what_to_pass(trained_run, tiny_data_root, tmp_path,
                                                                                 capsys, monkeypatch):
     monkeypatch.setattr(signal, 'signal', lambda *args: None)
