@@ -1,10 +1,14 @@
 """
 Speed and memory of the operator family, measured in one run: every timed step alternates between the variants
-(attention, corridor, attention, corridor, ...), medians over rounds, ratios paired by round.
+(attention, corridor, attention, corridor, ...), each round in the reverse order of the one before. A ratio is the
+geometric mean of the rounds' paired ratios with its 95 % CI (a t-interval of the per-round log-ratios); tokens/s
+is tokens over a variant's geometric mean round time, so that two rows' tokens/s have exactly their ratio.
 
     python -m lab.bench                  # CPU-sized: every form eager and compiled, fast vs math path, KV cache, walk
     python -m lab.bench --preset gpu     # one H100/H200 in about 9 minutes: GPT-2 124M in bf16, MFU, short train.py runs
     python -m lab.bench --preset tiny    # seconds, what the tests run
+    python -m lab.bench --preset corridor_settled --pairs_csv docs/per_seed/throughput.csv
+                                     # the corridor_settled study's model, batch and thread: 8 minutes, ratios ±0.7 %
     python -m lab.bench --baseline HEAD~1 --forms attention,corridor --skip epilogue,train_runs,paths,kv_cache,walk
                                      # what a change to model.py costs, both versions interleaved
 
@@ -18,6 +22,7 @@ step's memory an attention operator can change. Results also go to bench_<preset
 
 import argparse
 import contextlib
+import csv
 import importlib.util
 import json
 import logging
@@ -35,6 +40,7 @@ import torch
 
 from common import PEAK_FLOPS, REPO, UserError, atomic_write, flops_per_token, peak_flops, sdpa_backend, synchronize
 from lab.connection import connection_diagnostics, head_weights
+from lab.stats import paired_test
 from model import GPT, OPERATORS, CausalSelfAttention, GPTConfig
 
 PRESETS = {
@@ -50,6 +56,16 @@ PRESETS = {
                 forms=tuple(OPERATORS), modes=('eager', 'compiled'),  # every form of model.py's table
                 dtype='float32', path_lengths=(1024, 2048), path_layers=2, new_tokens=256,
                 walk=dict(n_embd=768, n_head=12, seq_len=64, edges=6)),
+    # the corridor_settled study's runs (configs/_sweep_cpu.py on WikiText-2 (char), whose vocabulary has 409
+    # characters): trained two at a time on 2 cores, one thread each (lab/sweep.py --parallel=2), so timed on one.
+    # Many rounds of one step: a pair's two timings a tenth of a second apart, so the other core's load, which
+    # changes over seconds, falls on both; one step's ratio still scatters by ~11 %, hence the 1,000 rounds
+    'corridor_settled': dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=409, bias=False, batch_size=12,
+                             rounds=1000, steps=1, threads=1, forms=('attention', 'corridor'),
+                             modes=('eager', 'compiled'), dtype='float32',
+                             skip=('epilogue', 'train_runs', 'paths', 'kv_cache', 'walk'),  # not the study's question
+                             path_lengths=(1024, 2048), path_layers=2, new_tokens=256,
+                             walk=dict(n_embd=128, n_head=4, seq_len=64, edges=6)),
     # GPT-2 124M at train.py's micro-batch (configs/owt_gpt2_124m.py: 12 × 1024)
     'gpu': dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257, bias=False, batch_size=12, rounds=5,
                 steps=10, forms=('attention', 'corridor'), modes=('eager', 'compiled'), dtype='bfloat16',
@@ -134,9 +150,21 @@ def sdpa_kernels(fn):
     return sorted({kernel for op, kernel in SDPA_KERNEL_OPS.items() if op in names or f'{op}_backward' in names})
 
 
-def median_ratio(times, a, b):
-    """b's throughput relative to a's: the median over rounds of time(a) / time(b), paired by round."""
-    return statistics.median(ta / tb for ta, tb in zip(times[a], times[b]))
+def throughput_ratio(times_a, times_b):
+    """b's throughput relative to a's, rounds paired: (ratio, CI low, CI high), the geometric mean over rounds of
+    time(a) / time(b) and its 95 % t-interval from the per-round log-ratios (NaN with one round). A log-ratio, not
+    a ratio: a round twice as slow and one twice as fast cancel."""
+    test = paired_test([math.log(ta / tb) for ta, tb in zip(times_a, times_b)])
+    return math.exp(test.mean), math.exp(test.low), math.exp(test.high)
+
+
+def per_second(amount, times):
+    """amount over the rounds' geometric mean time: two variants' quotient is their throughput_ratio."""
+    return amount / statistics.geometric_mean(times)
+
+
+def fmt_ratio(ratio):
+    return f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]"
 
 
 # ---------------------------------------------------------------------------------------------- training step
@@ -170,8 +198,8 @@ def bench_training(p, device, autocast, results, baseline=None):
     torch._dynamo.reset()
     variants = {}
     sources = {'': sys.modules[GPT.__module__]} | ({'baseline': baseline} if baseline else {})
-    for form in p['forms']:
-        for mode in p['modes']:
+    for mode in p['modes']:  # a mode's forms side by side: the two timings of a ratio are neighbours in every round
+        for form in p['forms']:
             for tag, module in sources.items():
                 torch.manual_seed(0)
                 model = module.GPT(module.GPTConfig(
@@ -203,27 +231,33 @@ def bench_training(p, device, autocast, results, baseline=None):
         kernels[key] = sdpa_kernels(lambda: step(variant))
         print(f"  warm-up {key[0]:>10} {key[1]:>8}{' (baseline)' if len(key) > 2 else ''}: {warm:6.1f} s (first step, "
               f"with compile); SDPA kernel: {', '.join(kernels[key]) or 'none'}")
-    times = {key: [] for key in variants}
-    for _ in range(p['rounds']):
-        for key, variant in variants.items():  # attention, corridor, ... interleaved in every round
+    times, order = {key: [] for key in variants}, list(variants.items())
+    for r in range(p['rounds']):
+        # attention, corridor, ... interleaved in every round, every other round reversed: a variant's place in the
+        # round (which variant ran before it, what it left in the caches) cancels over two rounds
+        for key, variant in order if r % 2 == 0 else order[::-1]:
             times[key].append(timed(lambda: step(variant), device, p['steps']))
     tokens = p['batch_size'] * p['block_size']
     model = next(iter(variants.values()))[0]
     peak = peak_flops(device, p['dtype'])
     print(f"\ntraining step: {model.get_num_params() / 1e6:.1f}M parameters, batch {p['batch_size']} × {p['block_size']}, "
-          f"{p['dtype']}, {p['rounds']} rounds × {p['steps']} steps, medians")
-    print(f"  {'form':>10} {'mode':>8} {'tokens/s':>12} {'vs attention':>13} {'memory MB':>10} {'vs attention':>13}"
+          f"{p['dtype']}, {p['rounds']} rounds × {p['steps']} steps, {torch.get_num_threads()} threads; geometric "
+          f"means, [95 % CI]")
+    print(f"  {'form':>10} {'mode':>8} {'tokens/s':>12} {'vs attention':>21} {'memory MB':>10} {'vs attention':>13}"
           + ('  MFU' if peak else ''))
     for key, t in times.items():
         if len(key) > 2:  # the baseline's rows: below
             continue
         form, mode = key
-        tps = tokens / statistics.median(t)
-        speed = median_ratio(times, ('attention', mode), (form, mode))
+        tps = per_second(tokens, t)  # t: seconds a step
+        speed = throughput_ratio(times[('attention', mode)], t)
         mem = memory[(form, mode)] / memory[('attention', mode)]
         mfu = f"  {flops_per_token(model, p['block_size']) * tps / peak:.1%}" if peak else ''
-        print(f"  {form:>10} {mode:>8} {tps:>12,.0f} {speed:>13.3f} {memory[(form, mode)] / 2**20:>10.1f} {mem:>13.3f}{mfu}")
-        results['training'][f'{form}/{mode}'] = dict(tokens_per_s=tps, throughput_vs_attention=speed,
+        print(f"  {form:>10} {mode:>8} {tps:>12,.0f} {fmt_ratio(speed):>21} {memory[(form, mode)] / 2**20:>10.1f} "
+              f"{mem:>13.3f}{mfu}")
+        results['training'][f'{form}/{mode}'] = dict(tokens_per_s=tps, throughput_vs_attention=speed[0],
+                                                    throughput_vs_attention_ci=list(speed[1:]),
+                                                    round_seconds=[s * p['steps'] for s in t],  # each round's steps
                                                     memory_bytes=memory[(form, mode)], memory_vs_attention=mem,
                                                     sdpa_kernels=kernels[(form, mode)],
                                                     mfu=flops_per_token(model, p['block_size']) * tps / peak if peak else None)
@@ -231,14 +265,35 @@ def bench_training(p, device, autocast, results, baseline=None):
         print("\n  against the baseline model.py (the same variants, interleaved in every round):")
         print(f"  {'form':>10} {'mode':>8} {'throughput vs baseline':>23} {'memory vs baseline':>19}")
         for form, mode in (key for key in times if len(key) == 2):
-            speed = median_ratio(times, (form, mode, 'baseline'), (form, mode))
+            speed = throughput_ratio(times[(form, mode, 'baseline')], times[(form, mode)])
             mem = memory[(form, mode)] / memory[(form, mode, 'baseline')]
-            print(f"  {form:>10} {mode:>8} {speed:>23.3f} {mem:>19.3f}")
-            results['training'][f'{form}/{mode}'].update(throughput_vs_baseline=speed, memory_vs_baseline=mem)
+            print(f"  {form:>10} {mode:>8} {fmt_ratio(speed):>23} {mem:>19.3f}")
+            results['training'][f'{form}/{mode}'].update(throughput_vs_baseline=speed[0],
+                                                         throughput_vs_baseline_ci=list(speed[1:]), memory_vs_baseline=mem)
 
 
 def headline(results):
-    return f"ratio corridor/attention (compiled): {results['training']['corridor/compiled']['throughput_vs_attention']:.3f}"
+    r = results['training']['corridor/compiled']
+    return f"ratio corridor/attention (compiled): {fmt_ratio([r['throughput_vs_attention'], *r['throughput_vs_attention_ci']])}"
+
+
+PAIRS_COLUMNS = ('mode', 'pair', 'attention_seconds', 'corridor_seconds', 'steps', 'tokens_per_step', 'threads',
+                 'torch', 'device')
+
+
+def write_pairs(path, p, results):
+    """The training step's round times, attention and corridor, one row per (mode, round): *_seconds is the wall
+    time of `steps` training steps (forward, backward, AdamW step), so that anyone can recompute the ratios."""
+    rows = [dict(mode=mode, pair=i, attention_seconds=f'{ta:.6f}', corridor_seconds=f'{tc:.6f}', steps=p['steps'],
+                 tokens_per_step=p['batch_size'] * p['block_size'], threads=results['threads'], torch=results['torch'],
+                 device=results['device'])
+            for mode in p['modes']
+            for i, (ta, tc) in enumerate(zip(results['training'][f'attention/{mode}']['round_seconds'],
+                                             results['training'][f'corridor/{mode}']['round_seconds']))]
+    with atomic_write(path) as f:
+        writer = csv.DictWriter(f, PAIRS_COLUMNS, lineterminator='\n')
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 # ---------------------------------------------------------------------------------------------- epilogue traffic
@@ -414,12 +469,14 @@ def bench_paths(p, device, autocast, results):
             for _ in range(p['rounds']):
                 for name, fn in paths.items():
                     times[name].append(timed(fn, device))
-        fast, slow = statistics.median(times['fast']), statistics.median(times['math'])
-        print(f"  T={length}: fast {length / fast:,.0f} tokens/s, math {length / slow:,.0f} tokens/s "
-              f"(fast ×{slow / fast:.2f}); memory fast {memory['fast'] / 2**20:.1f} MB, "
+        fast, slow = per_second(length, times['fast']), per_second(length, times['math'])
+        speed = throughput_ratio(times['math'], times['fast'])
+        print(f"  T={length}: fast {fast:,.0f} tokens/s, math {slow:,.0f} tokens/s (fast ×{fmt_ratio(speed)}); "
+              f"memory fast {memory['fast'] / 2**20:.1f} MB, "
               f"math {memory['math'] / 2**20:.1f} MB (math ×{memory['math'] / memory['fast']:.2f})")
-        results['paths'][str(length)] = dict(fast_tokens_per_s=length / fast, math_tokens_per_s=length / slow,
-                                             fast_memory_bytes=memory['fast'], math_memory_bytes=memory['math'])
+        results['paths'][str(length)] = dict(fast_tokens_per_s=fast, math_tokens_per_s=slow, fast_vs_math=speed[0],
+                                             fast_vs_math_ci=list(speed[1:]), fast_memory_bytes=memory['fast'],
+                                             math_memory_bytes=memory['math'])
 
 
 def bench_kv_cache(p, device, autocast, results):
@@ -433,10 +490,10 @@ def bench_kv_cache(p, device, autocast, results):
         for _ in range(max(2, p['rounds'] // 2)):
             for use_cache in (True, False):
                 times[use_cache].append(timed(lambda: model.generate(prompt, n_new, temperature=0, use_cache=use_cache), device))
-    speedup = median_ratio(times, False, True)
-    print(f"\nKV cache: greedy generation of {n_new} tokens, cached ×{speedup:.2f} faster than recomputing "
-          f"({n_new / statistics.median(times[True]):,.0f} vs {n_new / statistics.median(times[False]):,.0f} tokens/s)")
-    results['kv_cache'] = dict(new_tokens=n_new, speedup=speedup)
+    speedup = throughput_ratio(times[False], times[True])
+    print(f"\nKV cache: greedy generation of {n_new} tokens, cached ×{fmt_ratio(speedup)} faster than recomputing "
+          f"({per_second(n_new, times[True]):,.0f} vs {per_second(n_new, times[False]):,.0f} tokens/s)")
+    results['kv_cache'] = dict(new_tokens=n_new, speedup=speedup[0], speedup_ci=list(speedup[1:]))
 
 
 def bench_walk(p, device, results):
@@ -501,10 +558,28 @@ def run(argv, stack):
     parser.add_argument('--dtype', choices=['float32', 'bfloat16', 'float16'],
                         help="autocast dtype (default: the preset's on a GPU, float32 on CPU)")
     parser.add_argument('--sdpa_backend', default='auto', help="SDPA kernel: auto, flash, efficient, cudnn, math")
-    parser.add_argument('--skip', default='', help='comma-separated parts to skip: '
-                        'training,epilogue,train_runs,compile_check,paths,kv_cache,walk')
+    parser.add_argument('--skip', help='comma-separated parts to skip: '
+                        "training,epilogue,train_runs,compile_check,paths,kv_cache,walk (default: the preset's, if any)")
+    parser.add_argument('--rounds', type=int, help="rounds of the timed steps (default: the preset's); the CI "
+                        "narrows as one over the square root of the rounds")
+    parser.add_argument('--steps', type=int, help="training steps a variant is timed for in each round (default: the "
+                        "preset's)")
+    parser.add_argument('--threads', type=int, help="torch's CPU threads (default: the preset's, else torch's choice)")
+    parser.add_argument('--pairs_csv', help="write the training step's round times here, attention and corridor, one "
+                        f"row per mode and round: {','.join(PAIRS_COLUMNS)}")
     args = parser.parse_args(argv)
     p = PRESETS[args.preset]
+    for key in ('rounds', 'steps'):
+        if getattr(args, key) is not None:
+            if getattr(args, key) < 1:
+                sys.exit(f"error: --{key} must be at least 1, got {getattr(args, key)}")
+            p = {**p, key: getattr(args, key)}
+    skip = set(args.skip.split(',') if args.skip is not None else p.get('skip', ()))
+    threads = args.threads if args.threads is not None else p.get('threads')
+    if threads is not None:
+        if threads < 1:
+            sys.exit(f"error: --threads must be at least 1, got {threads}")
+        torch.set_num_threads(threads)  # before any model: Inductor's C++ kernels are generated for this count
     if args.modes:
         p = {**p, 'modes': tuple(args.modes.split(','))}
         if not set(p['modes']) <= {'eager', 'compiled'}:
@@ -513,6 +588,8 @@ def run(argv, stack):
         p = {**p, 'forms': tuple(args.forms.split(','))}
         if 'attention' not in p['forms'] or not set(p['forms']) <= set(OPERATORS):  # every ratio is against attention
             sys.exit(f"error: --forms takes attention and others of {', '.join(OPERATORS)}, got {args.forms!r}")
+    if args.pairs_csv and ('training' in skip or 'corridor' not in p['forms']):
+        sys.exit("error: --pairs_csv needs the training step of attention and corridor (not skipped, in --forms)")
     device = args.device
     if device.startswith('cuda'):
         device = str(torch.device(device, torch.cuda.current_device()) if device == 'cuda' else device)
@@ -520,7 +597,7 @@ def run(argv, stack):
         torch.backends.cuda.matmul.allow_tf32 = True
         name = torch.cuda.get_device_name(device)
     else:
-        name = f"CPU, {torch.get_num_threads()} threads"
+        name = 'CPU'
     dtype = getattr(torch, args.dtype or (p['dtype'] if device.startswith('cuda') else 'float32'))
     try:  # for the whole run; a backend this device lacks is one line, tried on the preset's attention layer
         probe = GPT(GPTConfig(n_layer=1, n_head=p['n_head'], n_embd=p['n_embd'], block_size=16, vocab_size=64,
@@ -535,18 +612,21 @@ def run(argv, stack):
     p = {**p, 'dtype': str(dtype).removeprefix('torch.')}
     os.makedirs(args.out_dir, exist_ok=True)
     path = args.json or os.path.join(args.out_dir, f'bench_{args.preset}.json')
-    print(f"lab/bench.py --preset {args.preset} on {name}, torch {torch.__version__}")
-    results = dict(preset=args.preset, device=name, torch=torch.__version__, training={}, train_runs={}, paths={})
+    print(f"lab/bench.py --preset {args.preset} on {name}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    results = dict(preset=args.preset, device=name, threads=torch.get_num_threads(), torch=torch.__version__,
+                   training={}, train_runs={}, paths={})
 
     def save():  # after every part: a run cut short keeps what it measured
         with atomic_write(path) as f:
             json.dump(results, f, indent=1)
-    skip = set(args.skip.split(','))
     if 'training' not in skip:
         bench_training(p, device, autocast, results, load_baseline(args.baseline) if args.baseline else None)
         if 'corridor/compiled' in results['training']:
             print(headline(results))  # here, not only at the end: a run cut short keeps it
         save()
+        if args.pairs_csv:
+            write_pairs(args.pairs_csv, p, results)
+            print(f"round times -> {args.pairs_csv}")
     if 'epilogue' not in skip:
         epilogue_traffic(p, device, autocast, results)
         save()
