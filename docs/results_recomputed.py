@@ -7,7 +7,8 @@ per-seed files are not regenerated yet, the summaries the README and docs/ state
 differences, seeds per cell): p-values from a 4-decimal SD are approximate where the SD is 0.0001–0.0006. Also the
 geometry study's walk file (each run's walk diagnostics per depth regime; its quotes in studies.md are rendered here
 too), the scales' and the ladder's fits on size (unweighted over seed pairs, precision-weighted), the token multiplier
-(with corridor_settled's runs) and the 135M study's first two-seed run.
+(with corridor_settled's runs; its compute multiplier with the bench's timed pairs, per_seed/throughput.csv) and the
+135M study's first two-seed run.
 
     python docs/results_recomputed.py          # -> docs/results_recomputed.md
     python docs/results_recomputed.py --append corridor_settled R/corridor_settled
@@ -22,6 +23,7 @@ import os
 import random
 import statistics
 import sys
+from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import UserError, atomic_write, main_guard  # noqa: E402
@@ -30,7 +32,7 @@ from lab.reports import family  # noqa: E402  (the studies' Holm families, as th
 from lab.study_figures import (PREREGISTERED, PRETRAINED_CELLS, comparison_label, draw_preregistered,  # noqa: E402
                                pretrained_variant)  # (the reports' cells, and their per-seed figures)
 from lab.studies import LADDER_SIZES, STUDIES, millions, non_embedding_params, parse_variant, setting_config  # noqa: E402
-from lab.stats import (fmt_p, holm, line_fit, paired_test, summary_test, verdict,  # noqa: E402
+from lab.stats import (fmt_p, holm, line_fit, paired_test, summary_test, t_two_sided_p, verdict,  # noqa: E402
                        weighted_line_fit)
 
 PER_SEED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'per_seed')
@@ -155,9 +157,9 @@ def per_seed_sections():
     out, printed = [], {}
     for path in sorted(glob.glob(os.path.join(PER_SEED, '*.csv'))):
         study = os.path.splitext(os.path.basename(path))[0]
-        if study.endswith(('_walk', '_layers', '_frozen', '_curves')):  # the walk (walk_section), per-layer, per-batch,
-            # per-evaluation files
-            continue
+        if study == 'throughput' or study.endswith(('_walk', '_layers', '_frozen', '_curves')):
+            continue  # the walk (walk_section), per-layer, per-batch, per-evaluation files; the bench's timed pairs
+            # (in the token multiplier's section)
         runs = read_file(study)
         cells = per_seed_cells(study, runs)
         out += [f"## `{study}`: {len(runs)} runs ([per_seed/{study}.csv](per_seed/{study}.csv))", '']
@@ -830,29 +832,170 @@ def multiplier_of(points, gains):
     return math.exp(gain / beta) if beta < 0 else math.inf
 
 
-def token_multiplier(runs, variant, budgets=MULTIPLIER_BUDGETS, resamples=RESAMPLES):
-    """The pre-registered estimate for one variant at 1×: (m, its 95 % CI (low, high), β, D, the seeds of D, the
-    curve seeds (with a longer budget), attention's runs in the fit). runs: corridor_settled's and token_multiplier's
-    per-seed rows together. The CI: `resamples` paired bootstrap resamples over seeds (random.Random(0)), stratified:
-    as many seeds drawn with replacement from the curve seeds as there are, and from the other seeds of D likewise; a
-    drawn seed brings its gain and its curve, so β and D come from the same seeds; the 2.5 and 97.5 percentiles of m
-    (order statistics ⌊0.025·B⌋ + 1 and ⌈0.975·B⌉)."""
+def within_quadratic(points):
+    """(b1, b2) of y = a_s + b1·x + b2·x², least squares with each seed's own intercept a_s (its means of x, x² and y
+    removed) over the seeds with three points or more: b1 is the slope at x = 0, the 1× budget, b2 the curvature
+    every seed shares; NaNs without three budgets."""
+    suu = suw = sww = suy = swy = 0.0
+    for pairs in points:
+        if len(pairs) > 2:
+            xs, ys = zip(*pairs)
+            x_bar, q_bar, y_bar = statistics.fmean(xs), statistics.fmean(x * x for x in xs), statistics.fmean(ys)
+            for x, y in pairs:
+                u, w, v = x - x_bar, x * x - q_bar, y - y_bar
+                suu, suw, sww, suy, swy = suu + u * u, suw + u * w, sww + w * w, suy + u * v, swy + w * v
+    det = suu * sww - suw * suw
+    if not det > 1e-12 * suu * sww:  # fewer than three distinct budgets: x and x² are one column
+        return float('nan'), float('nan')
+    return (sww * suy - suw * swy) / det, (suu * swy - suw * suy) / det
+
+
+def quadratic_multiplier(points, gains):
+    """m from attention's quadratic in x anchored at 1× (within_quadratic): x the root nearest 0 of b1·x + b2·x² = D,
+    m = exp(x), so curvature in attention's curve does not bend m as a line through all four budgets does; ∞ where
+    the slope at 1× is not negative or the curve turns before it comes down to D; NaN where it cannot be fitted."""
+    (b1, b2), gain = within_quadratic(points), statistics.fmean(gains)
+    if not (math.isfinite(b1) and math.isfinite(b2)):
+        return float('nan')
+    discriminant = b1 * b1 + 4 * b2 * gain
+    if b1 >= 0 or discriminant < 0:
+        return math.inf
+    return math.exp(2 * gain / (b1 - math.sqrt(discriminant)))  # the small root, written so b2 = 0 gives D / b1
+
+
+def curvature(points):
+    """How attention's final loss bends in x (points: each curve seed's (x, y) at every budget, the same x's): the mean
+    slope between consecutive budgets, the F test of a shared quadratic term against the within-seed line (F, its
+    df (1, runs − seeds − 2), p) and how many seeds' own quadratics curve upward."""
+    seeds = [sorted(pairs) for pairs in points if len(pairs) > 2]
+    steps = [statistics.fmean((p[i + 1][1] - p[i][1]) / (p[i + 1][0] - p[i][0]) for p in seeds)
+             for i in range(len(seeds[0]) - 1)]
+    beta, (b1, b2) = within_slope(seeds), within_quadratic(seeds)
+
+    def rss(fitted):
+        total = 0.0
+        for pairs in seeds:
+            residuals = [y - fitted(x) for x, y in pairs]
+            total += sum((r - statistics.fmean(residuals)) ** 2 for r in residuals)
+        return total
+    line, quadratic = rss(lambda x: beta * x), rss(lambda x: b1 * x + b2 * x * x)
+    df = sum(map(len, seeds)) - len(seeds) - 2
+    extra = max(line - quadratic, 0.0)  # the line is the quadratic with b2 = 0: never closer but for rounding
+    f = extra / (quadratic / df) if quadratic > 0 else math.inf if extra > 0 else float('nan')
+    upward = sum(within_quadratic([pairs])[1] > 0 for pairs in seeds)
+    return steps, (f, df, t_two_sided_p(math.sqrt(f), df)), upward, len(seeds)
+
+
+class Multiplier(NamedTuple):
+    m: float
+    ci: tuple            # its 95 % CI (low, high): percentiles of the draws
+    beta: float          # attention's within-seed slope on x over the budgets fitted
+    gain: float          # D: the variant − attention at 1×, mean over seeds
+    seeds: list          # the seeds of D
+    curve: list          # the curve seeds (a longer budget too)
+    runs: int            # attention's runs in the fit
+    draws: list          # the bootstrap resamples' m, in draw order
+
+
+def token_multiplier(runs, variant, budgets=MULTIPLIER_BUDGETS, resamples=RESAMPLES, estimate=multiplier_of):
+    """The pre-registered estimate for one variant at 1× (estimate: multiplier_of; quadratic_multiplier for the
+    curvature check), a Multiplier. runs: corridor_settled's and token_multiplier's per-seed rows together. The CI:
+    `resamples` paired bootstrap resamples over seeds (random.Random(0)), stratified: as many seeds drawn with
+    replacement from the curve seeds as there are, and from the other seeds of D likewise; a drawn seed brings its gain
+    and its curve, so β and D come from the same seeds; the 2.5 and 97.5 percentiles of m (order statistics
+    ⌊0.025·B⌋ + 1 and ⌈0.975·B⌉). Every estimate sees the same resamples."""
     points = attention_points(runs, budgets)
     gains = {k: runs[(MULTIPLIER_BASE, variant, k)]['val_loss'] - runs[(MULTIPLIER_BASE, 'attention', k)]['val_loss']
              for k in sorted(points) if (MULTIPLIER_BASE, variant, k) in runs}
     curve = [k for k in gains if len(points[k]) > 1]
     rest = [k for k in gains if len(points[k]) < 2]
-    m = multiplier_of([points[k] for k in curve], list(gains.values())) if gains else float('nan')
+    m = estimate([points[k] for k in curve], list(gains.values())) if gains else float('nan')
     if not curve or not gains:
-        return m, (float('nan'), float('nan')), float('nan'), float('nan'), sorted(gains), curve, 0
+        return Multiplier(m, (float('nan'), float('nan')), float('nan'), float('nan'), sorted(gains), curve, 0, [])
     rng, draws = random.Random(0), []
     for _ in range(resamples):
         seeds = [rng.choice(curve) for _ in curve] + [rng.choice(rest) for _ in rest]
-        draws.append(multiplier_of([points[k] for k in seeds if k in curve], [gains[k] for k in seeds]))
-    draws.sort()
-    ci = (draws[math.floor(0.025 * resamples)], draws[math.ceil(0.975 * resamples) - 1])
-    return (m, ci, within_slope([points[k] for k in curve]), statistics.fmean(gains.values()), sorted(gains), curve,
-            sum(len(points[k]) for k in curve))
+        draws.append(estimate([points[k] for k in seeds if k in curve], [gains[k] for k in seeds]))
+    return Multiplier(m, percentiles(draws), within_slope([points[k] for k in curve]), statistics.fmean(gains.values()),
+                      sorted(gains), curve, sum(len(points[k]) for k in curve), draws)
+
+
+def percentiles(draws):
+    """The 95 % percentile interval of bootstrap draws: order statistics ⌊0.025·B⌋ + 1 and ⌈0.975·B⌉."""
+    ordered = sorted(draws)
+    return ordered[math.floor(0.025 * len(ordered))], ordered[math.ceil(0.975 * len(ordered)) - 1]
+
+
+# ------------------------------------------------------------------------------------------------ the compute multiplier
+# per_seed/throughput.csv (lab/bench.py --preset corridor_settled --pairs_csv): the training step of the study's model
+# timed in pairs, attention and corridor interleaved, eager (as the study's runs trained: compile=False) and compiled
+
+THROUGHPUT_MODES = {'eager': "eager (the study's runs)", 'compiled': 'compiled'}
+
+
+def read_throughput(path=None):
+    """{(mode, pair): row} of throughput.csv, the seconds as floats."""
+    path = os.path.join(PER_SEED, 'throughput.csv') if path is None else path
+    rows = keyed_rows(path, lambda r: (r['mode'], int(r['pair'])))[1]
+    return {k: {**r, 'attention_seconds': float(r['attention_seconds']), 'corridor_seconds': float(r['corridor_seconds'])}
+            for k, r in rows.items()}
+
+
+def throughput_ratio(pairs, mode):
+    """r, the corridor's training throughput over attention's in one mode, and its 95 % CI: a PairedTest of the pairs'
+    ln(attention seconds / corridor seconds) (one pair: the same steps, tokens and thread), r = exp(its mean)."""
+    return paired_test([math.log(r['attention_seconds'] / r['corridor_seconds'])
+                        for (m, _), r in sorted(pairs.items()) if m == mode])
+
+
+def compute_multiplier(multiplier, ratio, seed=1):
+    """c = m·r, attention's wall time to the variant's loss over the variant's (m the tokens, 1 / r the time a token),
+    and its 95 % CI from both intervals: each bootstrap draw of m times an independent draw of r, exp(mean + SE·t)
+    with t from Student's t on n − 1 df (random.Random(seed): a normal over the root of a χ² over its df), whose
+    spread is r's t-interval; the 2.5 and 97.5 percentiles of the products."""
+    c = multiplier.m * math.exp(ratio.mean)
+    if ratio.n < 2 or not multiplier.draws:
+        return c, (float('nan'), float('nan'))
+    rng, df, se = random.Random(seed), ratio.n - 1, ratio.sd / math.sqrt(ratio.n)
+    draws = [m * math.exp(ratio.mean + se * rng.gauss(0, 1) / math.sqrt(rng.gammavariate(df / 2, 2) / df))
+             for m in multiplier.draws]
+    return c, percentiles(draws)
+
+
+def compute_words(low, high):
+    """Whether c's CI shows a compute-matched gain at this size, in words."""
+    if low > 1:
+        return "shown: attention needs more compute to reach the corridor's loss"
+    if high < 1:
+        return "no: attention reaches the corridor's loss with less compute"
+    return "not shown: the CI includes 1"
+
+
+def compute_table(pairs, linear, quadratic):
+    """The compute multiplier's table (per mode: pairs, r, c from the linear m and from the quadratic m, the words), how
+    the pairs were timed, and r and c per mode as the page quotes them, for the learnable corridor (the variant the
+    bench times)."""
+    out = ["| training step timed | pairs | r: corridor ÷ attention throughput [95 % CI] | compute multiplier c = m·r, "
+           "m linear (pre-registered) [95 % CI] | c, m quadratic [95 % CI] | compute-matched gain at this size |",
+           '|---|---|---|---|---|---|']
+    quotes = []
+    for mode, label in THROUGHPUT_MODES.items():
+        ratio = throughput_ratio(pairs, mode)
+        if not ratio.n:
+            continue
+        r = f"{math.exp(ratio.mean):.3f} [{math.exp(ratio.low):.3f}, {math.exp(ratio.high):.3f}]" if ratio.n > 1 else \
+            f"{math.exp(ratio.mean):.3f}"
+        (c, (low, high)), (q, (q_low, q_high)) = (compute_multiplier(m, ratio) for m in (linear, quadratic))
+        out.append(f"| {label} | {ratio.n:,} | {r} | {times(c)} [{times(low)}, {times(high)}] | "
+                   f"{times(q)} [{times(q_low)}, {times(q_high)}] | {compute_words(low, high)} |")
+        quotes.append(f"{mode}: r = {r}, c = {times(c)} [{times(low)}, {times(high)}]")
+    setup = {key: sorted({str(r[key]) for r in pairs.values()}) for key in ('steps', 'tokens_per_step', 'threads',
+                                                                             'torch', 'device')}
+    return ['\n'.join(out),
+            f"Each pair: {'/'.join(setup['steps'])} training step{'' if setup['steps'] == ['1'] else 's'} of "
+            f"{'/'.join(setup['tokens_per_step'])} tokens per variant, interleaved, on {'/'.join(setup['device'])}, "
+            f"{'/'.join(setup['threads'])} thread{'' if setup['threads'] == ['1'] else 's'}, torch "
+            f"{'/'.join(setup['torch'])}.", '; '.join(quotes)]
 
 
 def read_curves(study):
@@ -880,29 +1023,53 @@ def times(m):
     return '∞' if m == math.inf else f"{m:.3f}"
 
 
-def token_multiplier_tables(runs, settled=None, curves=None):
+def token_multiplier_tables(runs, settled=None, curves=None, throughput=None):
     """token_multiplier's numbers from its per-seed file (runs), its curves and corridor_settled's per-seed file: per
-    variant at 1× the multiplier m with its bootstrap CI, β, D, and m from the 1× and 1.1× budgets alone (the
-    sensitivity named with the plan); the corridor from γ0 = −0.1 against fixed γ = −0.1 and against the corridor from
-    γ0 = 0 (Holm over the two); where its γ̄ ends against the corridor from γ0 = 0's, paired by seed. Each table a
-    string, then the multipliers as the page quotes them."""
+    variant at 1× the multiplier m with its bootstrap CI, β, D, m from attention's quadratic in ln tokens anchored at
+    1× (the curvature check) and m from the 1× and 1.1× budgets alone (the sensitivity named with the plan); how
+    attention's curve bends; the corridor from γ0 = −0.1 against fixed γ = −0.1 and against the corridor from γ0 = 0
+    (Holm over the two); where its γ̄ ends against the corridor from γ0 = 0's, paired by seed; the multipliers as the
+    page quotes them; and, from per_seed/throughput.csv (throughput: read_throughput's rows), the compute multiplier
+    of the learnable corridor, or that it is not measured. Each table a string."""
     settled = read_file('corridor_settled') if settled is None else settled
     check_curves(runs, read_curves('token_multiplier') if curves is None else curves)
+    if throughput is None and os.path.exists(os.path.join(PER_SEED, 'throughput.csv')):
+        throughput = read_throughput()
     both = {**settled, **runs}
     out = ["| variant at 1× (4,800 iterations) | D: − attention at 1×, seeds | attention's slope β on ln tokens (curve "
-           "seeds, runs) | token multiplier m [95 % CI, paired bootstrap] | tokens at m | m from 1× and 1.1× alone [95 % CI] |",
-           '|---|---|---|---|---|---|']
-    quotes = []
+           "seeds, runs) | token multiplier m, linear in ln tokens (pre-registered) [95 % CI, paired bootstrap] | tokens "
+           "at m | m, quadratic in ln tokens anchored at 1× [95 % CI, the same resamples] | m from 1× and 1.1× alone "
+           "[95 % CI] |", '|---|---|---|---|---|---|---|']
+    quotes, apart, corridor = [], [], None
     for variant, label in MULTIPLIER_VARIANTS.items():
-        m, (low, high), beta, gain, seeds, curve, n = token_multiplier(both, variant)
+        linear = token_multiplier(both, variant)
+        m, (low, high), beta, gain, seeds, curve, n, _ = linear
         if not seeds:
             continue
+        quadratic = token_multiplier(both, variant, estimate=quadratic_multiplier)
         local, (local_low, local_high), *_ = token_multiplier(both, variant, MULTIPLIER_BUDGETS[:1])
         tokens = int(both[(MULTIPLIER_BASE, 'attention', seeds[0])]['tokens'])
         out.append(f"| {label} | {signed(gain, 5)} ({len(seeds)}) | {signed(beta, 4)} ({len(curve)}, {n}) | "
                    f"{times(m)} [{times(low)}, {times(high)}] | {m * tokens / 1e6:.2f}M | "
+                   f"{times(quadratic.m)} [{times(quadratic.ci[0])}, {times(quadratic.ci[1])}] | "
                    f"{times(local)} [{times(local_low)}, {times(local_high)}] |")
         quotes.append(f"{label}: m = {times(m)} [{times(low)}, {times(high)}]")
+        apart.append(f"{m - quadratic.m:.4f} for the {label}")
+        if variant == 'corridor':
+            corridor = linear, quadratic
+    points = attention_points(both)
+    shape = "Attention's curve: fewer than three budgets, no curvature to measure."
+    if sum(len(p) > 2 for p in points.values()) > 1:
+        steps, (f, df, p), upward, n_curves = curvature(list(points.values()))
+        (b1, _), beta = within_quadratic(list(points.values())), within_slope(list(points.values()))
+        shape = (f"Attention's curve ({n_curves} curve seeds): its mean slope between consecutive budgets "
+                 f"{', '.join(signed(x, 3) for x in steps)}; a quadratic term shared by the seeds F(1, {df}) = {f:.1f}, "
+                 f"p {p_text(p)}, curving upward in {upward} of {n_curves} seeds; the quadratic's slope at 1× "
+                 f"{signed(b1, 4)} against the line's {signed(beta, 4)}, so the quadratic's m is below the line's by "
+                 + '; '.join(apart) + '.')
+    compute = ["Compute multiplier: not measured (no per_seed/throughput.csv)."]
+    if throughput and corridor:
+        compute = compute_table(throughput, *corridor)
     tests = {}
     for other in ('fixed_gamma=-0.1', 'corridor'):
         differences = seed_pairs(both, MULTIPLIER_BASE, 'corridor_start', other)
@@ -928,18 +1095,25 @@ def token_multiplier_tables(runs, settled=None, curves=None):
                 signed(g.mean, 3) if g.n else 'no run yet'))
     if not tests:
         arm = ["The corridor from γ0 = −0.1: no run yet."]
-    return ['\n'.join(out), '\n'.join(arm), where, '; '.join(quotes)]
+    return ['\n'.join(out), shape, '\n'.join(arm), where, '; '.join(quotes), *compute]
 
 
 def token_multiplier_section(runs):
     """results_recomputed.md's lines for token_multiplier: its tables, interim or not."""
     curve = {k for s, v, k in runs if v == 'attention' and s in MULTIPLIER_BUDGETS}
+    timed = os.path.exists(os.path.join(PER_SEED, 'throughput.csv'))
     lines = ["The multiplier m = exp(D / β) and the γ0 = −0.1 arm, with corridor_settled's runs at 1× and "
              "[per_seed/token_multiplier_curves.csv](per_seed/token_multiplier_curves.csv): β attention's within-seed "
              f"slope of final loss on ln tokens, the CI {RESAMPLES:,} stratified paired bootstrap resamples over seeds "
              "(studies.md, `--study=token_multiplier`)."
              + (" With one seed at the longer budgets the bootstrap cannot vary β: the CI is D's alone." if len(curve) == 1
-                else '')]
+                else '')
+             + " The curvature check: attention's loss as a quadratic in ln tokens with each seed's intercept, m = exp(x) "
+             "at the root nearest 0 of b1·x + b2·x² = D, on the same resamples."
+             + (" The compute multiplier c = m·r: r the corridor's training throughput over attention's, exp of the mean "
+                "of the timed pairs' ln(attention seconds / corridor seconds) with its t-interval "
+                "([per_seed/throughput.csv](per_seed/throughput.csv)); c's CI: each resample of m times an independent "
+                "draw of r from its t distribution, the 2.5 and 97.5 percentiles." if timed else '')]
     for text in token_multiplier_tables(runs):
         lines += ['', text]
     return lines + ['']
@@ -969,6 +1143,8 @@ def read_file(study):
     per-seed losses."""
     if study.endswith('_curves'):
         return read_curves(study.removesuffix('_curves'))
+    if study == 'throughput':
+        return read_throughput()
     path = os.path.join(PER_SEED, f'{study}.csv')
     return (read_walk if study.endswith('_walk') else read_per_seed)(path)
 

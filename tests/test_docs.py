@@ -670,9 +670,12 @@ def test_the_token_multiplier_is_exp_of_the_gain_over_attentions_slope_on_log_to
     (tmp_path / 'token_multiplier_curves.csv').write_text(curves)
     runs, both = module.read_file('token_multiplier'), {**module.read_file('corridor_settled'), **module.read_file('token_multiplier')}
 
-    m, (low, high), beta, gain, seeds, curve, n = module.token_multiplier(both, 'corridor')
+    m, (low, high), beta, gain, seeds, curve, n, draws = module.token_multiplier(both, 'corridor')
     assert beta == pytest.approx(b) and gain == pytest.approx(-0.004) and m == pytest.approx(math.exp(-0.004 / b))
     assert (low, high) == pytest.approx((m, m)) and seeds == list(a) and curve == [300, 301, 302] and n == 12
+    assert len(draws) == module.RESAMPLES
+    # on a straight line the curvature check's quadratic has b2 = 0: the same m
+    assert module.token_multiplier(both, 'corridor', estimate=module.quadratic_multiplier).m == pytest.approx(m)
     m, (low, high), *_ = module.token_multiplier(both, 'fixed_gamma=-0.1')
     assert m == pytest.approx(math.exp(statistics.fmean(fixed_gain.values()) / b))
     assert math.exp(-0.003 / b) < low < m < high < math.exp(-0.007 / b)
@@ -686,13 +689,182 @@ def test_the_token_multiplier_is_exp_of_the_gain_over_attentions_slope_on_log_to
     (p_low, p_high) = sorted(t.p for t in tests.values())
     holm = dict(zip(sorted(tests, key=lambda o: tests[o].p), (2 * p_low, max(2 * p_low, p_high))))
     for other, label in (('fixed', 'fixed γ = −0.1, δ = 1'), ('corridor', 'learnable corridor (γ0 = 0)')):
-        row = next(line for line in tables[1].splitlines() if line.startswith(f'| corridor from γ0 = −0.1 − {label} |'))
+        row = next(line for line in tables[2].splitlines() if line.startswith(f'| corridor from γ0 = −0.1 − {label} |'))
         assert f'| 6 | {module.signed(tests[other].mean, 5)} [' in row and f' | {module.p_text(min(1, holm[other]))} | ' in row
-    assert tables[2].startswith('Final γ̄ of the corridor from γ0 = −0.1 − from γ0 = 0, paired by seed (6 seeds): −0.010 [')
+    assert tables[3].startswith('Final γ̄ of the corridor from γ0 = −0.1 − from γ0 = 0, paired by seed (6 seeds): −0.010 [')
     assert module.planned_runs('token_multiplier_curves', module.read_file('token_multiplier_curves'))[0] == len(study)
+    assert tables[-1] == 'Compute multiplier: not measured (no per_seed/throughput.csv).'
+    # timed pairs beside the files: the learnable corridor's compute multiplier is its m times r
+    ratios = (-0.03, -0.02, -0.04)  # ln(attention seconds / corridor seconds) of each pair
+    (tmp_path / 'throughput.csv').write_text(THROUGHPUT_HEADER + ''.join(
+        f'eager,{i},0.5,{repr(0.5 / math.exp(d))},10,768,1,2.13.0+cpu,cpu\n' for i, d in enumerate(ratios)))
+    r = math.exp(statistics.fmean(ratios))
+    row = next(line for line in module.token_multiplier_tables(runs)[-3].splitlines()
+               if line.startswith("| eager (the study's runs) | 3 | "))
+    assert f" | {r:.3f} [" in row and f" | {math.exp(-0.004 / b) * r:.3f} [" in row
+    assert module.planned_runs('throughput', module.read_file('throughput'))[0] == 3  # per_seed/README.md counts rows
 
     final = repr(a[300] + b * math.log(tokens['-1.1x'] / tokens['']))
     assert f',{final},{final}\n' in curves
     (tmp_path / 'token_multiplier_curves.csv').write_text(curves.replace(f',{final},{final}\n', f',1.0,{final}\n'))
     with pytest.raises(module.UserError, match="curve does not end at its per-seed row's final loss"):
         module.token_multiplier_tables(runs)
+
+
+THROUGHPUT_HEADER = 'mode,pair,attention_seconds,corridor_seconds,steps,tokens_per_step,threads,torch,device\n'
+
+
+def test_the_curvature_check_is_the_root_nearest_1x_of_attentions_quadratic_in_log_tokens_by_hand():
+    """Made-up runs whose answer is closed-form: attention's final loss is exactly a_s + b1·x + b2·x² (x = ln(tokens /
+    1×'s)) in seeds 300-303 at the four budgets, the corridor D = −0.004 below it at 1× in seeds 300-307. The
+    quadratic's m is exp of the root of b1·x + b2·x² = D nearest 0, by the textbook formula, in every resample (a CI
+    of one point); the line through the four budgets is shallower than the slope at 1× (b2 > 0), so the
+    pre-registered m is larger. A curve that turns before it comes down to D gives ∞, as does one rising at 1×. With
+    noise, the shared quadratic term's F is that of a least-squares fit with a dummy per seed (numpy), and the seeds
+    curving upward are those whose own quadratic (numpy's polyfit) does."""
+    np = pytest.importorskip('numpy')
+    module = recomputed_module()
+    base, budgets = module.MULTIPLIER_BASE, module.MULTIPLIER_BUDGETS
+    tokens = dict(zip((base, *budgets), (3686400, 4055040, 4423680, 5160960)))
+    xs = [math.log(n / tokens[base]) for n in tokens.values()]
+    b1, b2, gain = -0.2, 0.08, -0.004
+
+    def runs_of(loss):  # loss(seed, budget index): attention's final loss there
+        runs = {}
+        for k in range(300, 308):
+            for i, setting in enumerate((base, *budgets) if k < 304 else (base,)):
+                runs[(setting, 'attention', k)] = {'tokens': str(tokens[setting]), 'val_loss': loss(k, i)}
+            runs[(base, 'corridor', k)] = {'tokens': str(tokens[base]), 'val_loss': loss(k, 0) + gain}
+        return runs
+    runs = runs_of(lambda k, i: 1.7 + 0.01 * (k - 300) + b1 * xs[i] + b2 * xs[i] ** 2)
+    quadratic = module.token_multiplier(runs, 'corridor', resamples=200, estimate=module.quadratic_multiplier)
+    root = (-b1 - math.sqrt(b1 ** 2 + 4 * b2 * gain)) / (2 * b2)
+    assert b1 * root + b2 * root ** 2 == pytest.approx(gain) and 0 < root < 0.05
+    assert quadratic.m == pytest.approx(math.exp(root)) and quadratic.ci == pytest.approx((quadratic.m, quadratic.m))
+    linear = module.token_multiplier(runs, 'corridor', resamples=200)
+    assert b1 < linear.beta < 0 and linear.m > quadratic.m
+    points = list(module.attention_points(runs).values())
+    assert module.within_quadratic(points) == pytest.approx((b1, b2))
+    steps, (_, df, _), upward, seeds = module.curvature(points)
+    assert steps == pytest.approx([b1 + b2 * (xs[i] + xs[i + 1]) for i in range(3)]) and (upward, seeds, df) == (4, 4, 10)
+    assert module.quadratic_multiplier([[(x, 1 - 0.01 * x + 0.5 * x * x) for x in xs]], [gain]) == math.inf  # turns
+    assert module.quadratic_multiplier([[(x, 1 + 0.01 * x) for x in xs]], [gain]) == math.inf  # rising at 1×
+
+    noise = {300: (0, 3e-3, -2e-3, 1e-3), 301: (1e-3, -1e-3, 0, 2e-3), 302: (0, 0, 4e-3, -3e-3), 303: (0, -1e-3, 0, 0)}
+    loss = {(k, i): 1.7 + b1 * xs[i] + (b2 if k != 302 else -0.3) * xs[i] ** 2 + noise[k][i] for k in noise for i in range(4)}
+    points = list(module.attention_points(runs_of(lambda k, i: loss.get((k, i), 1.7))).values())
+    _, (f, df, p), upward, _ = module.curvature(points)
+    design = np.array([[float(k == j) for j in noise] + [xs[i], xs[i] ** 2] for k in noise for i in range(4)])
+    y = np.array([loss[(k, i)] for k in noise for i in range(4)])
+    rss = [float(np.sum((y - d @ np.linalg.lstsq(d, y, rcond=None)[0]) ** 2)) for d in (design[:, :-1], design)]
+    assert f == pytest.approx((rss[0] - rss[1]) / (rss[1] / 10)) and p == pytest.approx(module.t_two_sided_p(f ** 0.5, 10))
+    assert upward == sum(np.polyfit(xs, [loss[(k, i)] for i in range(4)], 2)[0] > 0 for k in noise) == 3
+
+
+def test_the_compute_multiplier_is_the_token_multiplier_times_the_throughput_ratio_by_hand(tmp_path):
+    """r is exp of the mean of the pairs' ln(attention seconds / corridor seconds), with their t-interval; c = m·r.
+    Its CI combines both intervals: with m's resamples all one value it is m times r's t-interval (up to the draws'
+    Monte Carlo error); with r the same in every pair it is m's percentile interval times r. The words follow c's CI
+    against 1, and a pair published twice is refused."""
+    module = recomputed_module()
+    eager = [-0.031, -0.027, -0.035, -0.029, -0.033, -0.030, -0.026, -0.034, -0.032, -0.028]
+    rows = [f'eager,{i},0.5,{repr(0.5 / math.exp(d))}' for i, d in enumerate(eager)]
+    rows += [f'compiled,{i},{repr(0.4 + 0.01 * i)},{repr((0.4 + 0.01 * i) / 0.99)}' for i in range(6)]
+    path = tmp_path / 'throughput.csv'
+    path.write_text(THROUGHPUT_HEADER + ''.join(f'{row},10,768,1,2.13.0+cpu,cpu\n' for row in rows))
+    pairs = module.read_throughput(str(path))
+    ratio, t = module.throughput_ratio(pairs, 'eager'), module.paired_test(eager)
+    assert ratio.n == 10 and (ratio.mean, ratio.low, ratio.high) == pytest.approx((t.mean, t.low, t.high))
+
+    def multiplier(draws, m=1.02):
+        return module.Multiplier(m, module.percentiles(draws), -0.18, -0.004, [], [], 0, draws)
+    c, (low, high) = module.compute_multiplier(multiplier([1.02] * module.RESAMPLES), ratio)
+    assert c == pytest.approx(1.02 * math.exp(t.mean))
+    assert (low, high) == pytest.approx((1.02 * math.exp(t.low), 1.02 * math.exp(t.high)), rel=2e-4)
+    compiled = module.throughput_ratio(pairs, 'compiled')
+    assert compiled.n == 6 and math.exp(compiled.mean) == pytest.approx(0.99)
+    spread = [1.0 + 0.0001 * i for i in range(module.RESAMPLES)]
+    c, (low, high) = module.compute_multiplier(multiplier(spread), compiled)
+    assert (low, high) == pytest.approx((0.99 * module.percentiles(spread)[0], 0.99 * module.percentiles(spread)[1]))
+    assert module.percentiles(spread) == (spread[250], spread[9749])
+
+    table, setup, quoted = module.compute_table(pairs, multiplier([1.02] * module.RESAMPLES),
+                                        multiplier([1.01] * module.RESAMPLES, 1.01))
+    row = next(line for line in table.splitlines() if line.startswith("| eager (the study's runs) | 10 | "))
+    assert f" | {math.exp(t.mean):.3f} [{math.exp(t.low):.3f}, {math.exp(t.high):.3f}] | " in row
+    assert f" | {1.02 * math.exp(t.mean):.3f} [" in row and f" | {1.01 * math.exp(t.mean):.3f} [" in row
+    assert row.endswith(" | no: attention reaches the corridor's loss with less compute |")
+    assert setup == "Each pair: 10 training steps of 768 tokens per variant, interleaved, on cpu, 1 thread, torch 2.13.0+cpu."
+    assert quoted.startswith(f"eager: r = {math.exp(t.mean):.3f} [") and quoted.endswith('; compiled: r = 0.990 [0.990, 0.990], c = 1.010 [1.010, 1.010]')
+    assert module.compute_words(1.001, 1.02).startswith('shown') and module.compute_words(0.99, 1.01).startswith('not shown')
+    path.write_text(path.read_text() + 'eager,3,0.5,0.5,10,768,1,2.13.0+cpu,cpu\n')
+    with pytest.raises(module.UserError, match='appears twice'):
+        module.read_throughput(str(path))
+
+
+# ------------------------------------------------------------------------------------------------ the plans
+PLANS = REPO / 'docs' / 'plans'
+# a plan's block: the commit, file and lines it is cut from, the text in a fence, an end marker (the page checks of
+# tests/test_readme.py leave the block alone: its commands and links were those of its commit, from its folder)
+VERBATIM = re.compile(r'<!-- verbatim: (\w+):(\S+) lines (\d+)-(\d+) -->\n(`{3,})\w*\n(.*?)\n\5\n'
+                      r'<!-- end verbatim -->\n', re.S)
+
+
+def git_show(commit, path):
+    """The file at a commit, or None where git or the commit is not there (a shallow clone, an export)."""
+    import subprocess
+    try:
+        shown = subprocess.run(['git', 'show', f'{commit}:{path}'], cwd=REPO, capture_output=True, text=True)
+    except OSError:
+        return None
+    return shown.stdout if shown.returncode == 0 else None
+
+
+def whole_section(lines, first, last):
+    """Lines first..last (1-based) are a whole unit of their file: they start one (a heading, a list item, a comment,
+    or after a blank line) and the next line that is not blank starts another (for a heading: one of its level or
+    above; otherwise no deeper indented than the first line, so no continuation of it is left out)."""
+    def indent(line):
+        return len(line) - len(line.lstrip())
+    head, before = lines[first - 1], lines[first - 2] if first > 1 else ''
+    starts = head.lstrip().startswith(('#', '- ')) or not before.strip()
+    after = next((line for line in lines[last:] if line.strip()), None)
+    if head.startswith('#'):
+        level = len(head) - len(head.lstrip('#'))
+        return starts and (after is None or re.match(rf'#{{1,{level}}} ', after) is not None)
+    return starts and (after is None or not lines[last].strip() or indent(after) <= indent(head))
+
+
+@pytest.mark.parametrize('plan', sorted(p for p in PLANS.glob('*.md') if p.name != 'README.md'), ids=lambda p: p.name)
+def test_each_plan_is_the_text_its_commit_holds_verbatim_and_whole(plan):
+    """A plan file's body is the text of the file its header names at the commit it names, those lines exactly, and a
+    whole section or list item there, not a cut from its middle."""
+    blocks = VERBATIM.findall(plan.read_text())
+    assert blocks, f"{plan.name} has no verbatim block"
+    for commit, path, first, last, _, body in blocks:
+        source = git_show(commit, path)
+        if source is None:
+            pytest.skip(f"git show {commit}:{path} unavailable (no git, or a clone without that commit)")
+        lines = source.split('\n')
+        assert body == '\n'.join(lines[int(first) - 1:int(last)]), f"{plan.name}: not {commit}:{path} {first}-{last}"
+        assert whole_section(lines, int(first), int(last)), f"{plan.name}: {commit}:{path} {first}-{last} is a cut"
+
+
+def test_every_plan_is_listed_with_its_commits_and_linked_from_its_studys_section():
+    """docs/plans/README.md lists each plan with the commits its blocks come from; docs/studies.md links each."""
+    index, studies = (PLANS / 'README.md').read_text(), (REPO / 'docs' / 'studies.md').read_text()
+    plans = sorted(p for p in PLANS.glob('*.md') if p.name != 'README.md')
+    assert len(plans) >= 6
+    for plan in plans:
+        row = next(line for line in index.splitlines() if f']({plan.name})' in line)
+        assert all(commit in row for commit, *_ in VERBATIM.findall(plan.read_text())), row
+        assert f'](plans/{plan.name})' in studies, f"studies.md does not link plans/{plan.name}"
+
+
+def test_the_section_check_refuses_a_cut_from_the_middle():
+    lines = ['## A', 'text', '- item one', '  goes on', '- item two', '', '## B', '### B.1', 'x', '## C']
+    assert whole_section(lines, 1, 5) and whole_section(lines, 3, 4) and whole_section(lines, 7, 9)
+    assert not whole_section(lines, 3, 3)  # its continuation left out
+    assert not whole_section(lines, 4, 4)  # a continuation alone
+    assert not whole_section(lines, 7, 7)  # the heading without its subsection
+    assert not whole_section(lines, 1, 2)  # the heading's text without the list that follows it

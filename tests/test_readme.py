@@ -22,7 +22,9 @@ def defaults_of(script):
 
 
 def prose(text):
-    """The page without HTML comments: placeholders for work not landed yet may name commands that don't exist."""
+    """The page without HTML comments (placeholders for work not landed yet may name commands that don't exist) and
+    without a plan's verbatim text (docs/plans/: the commands and links of its commit, written from its folder)."""
+    text = re.sub(r'<!-- verbatim: .*?<!-- end verbatim -->', '', text, flags=re.S)
     return re.sub(r'<!--.*?-->', '', text, flags=re.S)
 
 
