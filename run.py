@@ -95,7 +95,8 @@ def run_folder_operator(cfg, given):
         if wrong:
             raise UserError(f"{', '.join(f'{k}={getattr(cfg, k)!r}' for k in wrong)} set, but {cfg.init_from} was "
                             f"trained with {', '.join(f'{k}={saved[k]!r}' for k in wrong)}: its weights hold that "
-                            f"operator; leave {', '.join(f'--{k}' for k in wrong)} unset, or start from scratch")
+                            f"operator; pass {' '.join(f'--{k}={config_text(saved[k])}' for k in wrong)} or leave "
+                            f"{', '.join(wrong)} out of the command line and config files, or start from scratch")
         vars(cfg).update({k: saved[k] for k in own})
     return {k: getattr(cfg, k) for k in OPERATOR_KEYS}
 
@@ -344,37 +345,43 @@ def finish(cfg, rank, world, stopped, save, logger, progress, resumed, started):
 
 def next_commands(cfg, resumed):
     """What to run next, each command doing what it says: a sample; after a fresh run whose operator the user chose
-    (from scratch, or all of a pretrained model's weights), the other of attention / corridor trained the same way
-    into OUT-<other>, and the two compared; only the comparison where the other run is there already (the quick
-    start's attention run, in OUT-attention beside OUT). Nothing more after a resume (its command line holds no
-    config to repeat), a start from a run folder (its weights fix the operator) or train_only='operator' (attention
-    has no scalars to train)."""
-    out = shlex.quote(cfg.out_dir)
-    commands = [f"python sample.py --out_dir={out} --num_samples=3"]
+    (from scratch, or all of a pretrained model's weights), the other of attention / corridor trained the same way and
+    the two compared, or only the comparison where that run is there already. Its folder: OUT-<other> beside OUT, and
+    beside OUT-<operator> also OUT itself (the quick start's corridor run in OUT, then attention in OUT-attention; the
+    GPU path's OUT-corridor and OUT-attention). Nothing more after a resume (its command line holds no config to
+    repeat), a start from a run folder (its weights fix the operator) or train_only='operator' (attention has no
+    scalars to train)."""
+    commands = [f"python sample.py --out_dir={shlex.quote(cfg.out_dir)} --num_samples=3"]
     if resumed or cfg.train_only != 'all' or os.path.isfile(os.path.join(cfg.init_from, 'ckpt.pt')):
         return commands
-
-    def operator_of(folder):  # the operator of the run whose checkpoint the folder holds, on this run's data
-        config = (saved_checkpoint(folder)[0] or {}).get('config', {})
-        return config.get('operator') if config.get('dataset') == cfg.dataset else None
-
-    base = cfg.out_dir.rstrip('/')
-    earlier = base.removesuffix(f'-{cfg.operator}')
-    if earlier != base and operator_of(earlier) not in (None, cfg.operator):
-        return commands + [f"python analyze.py {shlex.quote(earlier)} {out} --out comparison"]
     other = 'corridor' if cfg.operator == 'attention' else 'attention'
-    other_dir = f"{base}-{other}"
-    if operator_of(other_dir) == other:
-        return commands + [f"python analyze.py {out} {shlex.quote(other_dir)} --out comparison"]
-    if os.path.exists(os.path.join(other_dir, 'ckpt.pt')):  # another run's folder: the first free OUT-<other>-k
-        other_dir = next(d for d in (f"{other_dir}-{k}" for k in itertools.count(2))
-                         if not os.path.exists(os.path.join(d, 'ckpt.pt')))
-    on_command_line = {a.partition('=')[0].removeprefix('--') for a in sys.argv[1:]}
-    kept = [shlex.quote(a) for a in sys.argv[1:]
-            if a.partition('=')[0].removeprefix('--') not in (*OPERATOR_KEYS, 'out_dir', 'overwrite')]
-    # a config file's operator keys that the other form does not read, back to their defaults (it would refuse them)
-    resets = [f"--{k}={config_text(OPERATOR_DEFAULTS[k])}" for k in OPERATOR_KEYS[1:] if k not in on_command_line
-              and k not in OPERATORS[other].keys and getattr(cfg, k) != OPERATOR_DEFAULTS[k]]
-    return commands + [' '.join(['python train.py', *kept, f"--operator={other}", *map(shlex.quote, resets),
-                                 f"--out_dir={shlex.quote(other_dir)}"]),
-                       f"python analyze.py {out} {shlex.quote(other_dir)} --out comparison"]
+    base = cfg.out_dir.rstrip('/')
+    stem = base.removesuffix(f'-{cfg.operator}')
+    folders = [f"{stem}-{other}", *([stem] if stem != base else [])]
+    partner = next((f for f in folders if operator_held(f, cfg.dataset) not in (None, cfg.operator)), None)
+    if partner is None:  # train it, into a folder no other run holds
+        names = itertools.chain([folders[0]], (f"{folders[0]}-{k}" for k in itertools.count(2)))
+        partner = next(f for f in names if not os.path.exists(os.path.join(f, 'ckpt.pt')))
+        commands.append(other_run_command(cfg, other, partner))
+    compared = (partner, cfg.out_dir) if cfg.operator == 'attention' else (cfg.out_dir, partner)  # attention last
+    return commands + [f"python analyze.py {' '.join(map(shlex.quote, compared))} --out comparison"]
+
+
+def operator_held(folder, dataset):
+    """The operator of the run whose checkpoint the folder holds, if it trained on dataset; else None."""
+    config = (saved_checkpoint(folder)[0] or {}).get('config', {})
+    return config.get('operator') if config.get('dataset') == dataset else None
+
+
+def other_run_command(cfg, other, out_dir):
+    """This run's command line with --operator={other} and --out_dir, without this form's operator keys; a config
+    file's operator keys that the other form does not read are set back to their defaults (it would refuse them)."""
+    def key(arg):
+        return arg.partition('=')[0].removeprefix('--')
+    typed = {key(a) for a in sys.argv[1:]}
+    kept = [shlex.quote(a) for a in sys.argv[1:] if key(a) not in (*OPERATOR_KEYS, 'out_dir', 'overwrite')]
+    resets = [f"--{k}={config_text(OPERATOR_DEFAULTS[k])}" for k in OPERATOR_KEYS
+              if k != 'operator' and k not in typed and k not in OPERATORS[other].keys
+              and getattr(cfg, k) != OPERATOR_DEFAULTS[k]]
+    return ' '.join(['python train.py', *kept, f"--operator={other}", *map(shlex.quote, resets),
+                     f"--out_dir={shlex.quote(out_dir)}"])

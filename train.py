@@ -166,7 +166,8 @@ def build_model(cfg, data, ckpt, given):
         if wrong:
             raise UserError(f"{', '.join(f'{k}={getattr(cfg, k)!r}' for k in wrong)} set, but {cfg.init_from}'s weights "
                             f"have {', '.join(f'{k}={shape[k]!r}' for k in wrong)}: a start from weights keeps their "
-                            f"shape; leave {', '.join(wrong)} unset or set to that")
+                            f"shape; pass {' '.join(f'--{k}={run.config_text(shape[k])}' for k in wrong)} or leave "
+                            f"{', '.join(wrong)} out of the command line and config files")
         vars(cfg).update(shape)  # the model's own, so the saved config tells the truth
         model.source = cfg.init_from  # where the weights came from: the checkpoint names it
     if cfg.train_only == 'operator':

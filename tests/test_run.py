@@ -294,7 +294,14 @@ def test_the_next_commands_see_the_other_run_and_never_print_one_that_would_be_r
     assert after == ['python sample.py --out_dir=base-attention --num_samples=3',
                      'python analyze.py base base-attention --out comparison']
     other_data = run.next_commands(run_config(out_dir='base-attention', operator='attention'), False)
-    assert other_data[1].endswith('--operator=corridor --out_dir=base-attention-corridor')  # not a partner
+    assert other_data[1].endswith('--operator=corridor --out_dir=base-corridor')  # a run on other data: no partner
+    # the GPU path's folders (docs/gpu.md): OUT-corridor, then OUT-attention beside it
+    after_corridor = run.next_commands(run_config(out_dir='owt-corridor', operator='corridor', dataset='tiny'), False)
+    assert after_corridor[1:] == ['python train.py tiny.py --operator=attention --out_dir=owt-attention',
+                                  'python analyze.py owt-corridor owt-attention --out comparison']
+    shutil.copytree('base', 'owt-corridor')
+    assert run.next_commands(run_config(out_dir='owt-attention', operator='attention', dataset='tiny'), False)[1:] == \
+        ['python analyze.py owt-corridor owt-attention --out comparison']
     for start in (dict(init_from='base'), dict(init_from='smollm2-135m', train_only='operator')):
         assert run.next_commands(run_config(out_dir='next', operator='corridor', **start), False) == \
             ['python sample.py --out_dir=next --num_samples=3']

@@ -492,6 +492,95 @@ def test_a_resumed_run_lets_go_of_the_checkpoint_before_training(tiny_data_root,
     assert len(loaded) == 1 and alive_at_saves and not any(alive_at_saves)
 
 
+# ---------------------------------------------------------------------------------------------- starts from weights
+
+def in_process(argv, capsys):
+    """(exit status, stderr) of train.py's main_guard(main(argv)), as the command line ends it."""
+    import train as train_module
+    from common import main_guard
+    capsys.readouterr()
+    try:
+        main_guard(lambda: train_module.main(argv))
+        return 0, capsys.readouterr().err
+    except SystemExit as e:
+        return e.code or 0, capsys.readouterr().err
+
+
+def suggested(err):
+    """The flags a refusal suggests passing ('pass --k=v --k2=v2 or ...')."""
+    return err.split('; pass ')[1].split(' or ')[0].split()
+
+
+def test_init_from_a_corridor_run_folder_keeps_its_operator_or_says_what_to_pass(trained_run, tiny_data_root, tmp_path,
+                                                                                capsys, monkeypatch):
+    monkeypatch.setattr(signal, 'signal', lambda *args: None)
+    common = [f'--init_from={trained_run}', f'--data_root={tiny_data_root}', '--dataset=tiny', '--device=cpu',
+              '--compile=False', '--block_size=32', '--batch_size=4', '--gradient_accumulation_steps=1',
+              '--max_iters=2', '--eval_interval=2', '--eval_iters=1', '--warmup_iters=0', '--lr_decay_iters=2']
+    status, err = in_process([*common, f'--out_dir={tmp_path / "a"}'], capsys)
+    assert status == 0, err[-2000:]
+    assert json.loads((tmp_path / 'a' / 'config.json').read_text())['operator'] == 'corridor'
+    status, err = in_process([*common, '--operator=alpha', f'--out_dir={tmp_path / "b"}'], capsys)
+    assert status == 2 and "operator='corridor'" in err and '--operator' in err, err
+    # a key set to its default is set: attention (the default) on a corridor folder's weights is refused too, in a
+    # config file as on the command line, and a set key equal to the folder's is honoured
+    (tmp_path / 'attention.py').write_text("operator = 'attention'\n")
+    for k, args in enumerate((['--operator=attention'], [str(tmp_path / 'attention.py')], ['--init_spread=0.0'])):
+        status, err = in_process([*args, *common, f'--out_dir={tmp_path / "c"}'], capsys)
+        assert status == 2 and err.count('\n') == 1 and 'set, but' in err and 'was trained with' in err, (args, err)
+        assert not (tmp_path / 'c').exists()
+        # the flags the line suggests, passed as it says, start the run (a config file's key overridden)
+        status, err = in_process([*args, *common, *suggested(err), f'--out_dir={tmp_path / f"s{k}"}'], capsys)
+        assert status == 0, (args, err[-2000:])
+    status, err = in_process([*common, '--operator=corridor', '--init_spread=0.2', f'--out_dir={tmp_path / "d"}'],
+                             capsys)
+    assert status == 0, err[-2000:]
+
+
+def test_init_from_weights_keeps_their_shape_and_refuses_a_set_key_that_differs(trained_run, tiny_data_root, tmp_path,
+                                                                               capsys, monkeypatch):
+    """The architecture comes from the weights; a key set to the weights' value is honoured, any other value (the
+    default included) is one line, not replaced by the weights' value."""
+    monkeypatch.setattr(signal, 'signal', lambda *args: None)
+    common = [f'--init_from={trained_run}', f'--data_root={tiny_data_root}', '--dataset=tiny', '--device=cpu',
+              '--compile=False', '--block_size=32', '--batch_size=4', '--gradient_accumulation_steps=1',
+              '--max_iters=2', '--eval_interval=2', '--eval_iters=1', '--warmup_iters=0', '--lr_decay_iters=2']
+    for wrong, fragment in (('--n_layer=12', 'n_layer=12 set'), ('--n_embd=768', 'n_embd=768 set'),
+                            ('--bias=True', 'bias=True set')):
+        status, err = in_process([*common, wrong, f'--out_dir={tmp_path / "no"}'], capsys)
+        assert status == 2 and fragment in err and "weights have" in err, (wrong, err)
+        status, err = in_process([*common, wrong, *suggested(err), f'--out_dir={tmp_path / wrong[2:]}'], capsys)
+        assert status == 0, (wrong, err[-2000:])
+    status, err = in_process([*common, '--n_layer=2', '--bias=False', f'--out_dir={tmp_path / "a"}'], capsys)
+    assert status == 0, err[-2000:]
+    assert json.loads((tmp_path / 'a' / 'config.json').read_text())['n_embd'] == 32  # the weights', not the default
+
+
+def test_a_start_from_a_run_folder_takes_the_configured_operator_lr_mult_not_the_folders(tiny_data_root, tmp_path,
+                                                                                          capsys, monkeypatch):
+    """operator_lr_mult is a training setting: a folder trained at 3 gives its weights, and the new run trains its
+    scalars at the multiplier configured now (1, the default, when unset; 2 when passed), in its optimizer, its
+    config.json and its checkpoint's model_args."""
+    monkeypatch.setattr(signal, 'signal', lambda *args: None)
+    common = [f'--data_root={tiny_data_root}', '--dataset=tiny', '--device=cpu', '--compile=False', '--n_layer=1',
+              '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=2', '--gradient_accumulation_steps=1',
+              '--max_iters=2', '--eval_interval=2', '--eval_iters=1', '--warmup_iters=0', '--lr_decay_iters=2']
+    first = tmp_path / 'x3'
+    status, err = in_process([*common, '--operator=corridor', '--operator_lr_mult=3.0', f'--out_dir={first}'], capsys)
+    assert status == 0, err[-2000:]
+    groups = []
+    real = torch.optim.AdamW
+    monkeypatch.setattr(torch.optim, 'AdamW', lambda params, **kw: groups.append(params) or real(params, **kw))
+    for name, args, expected in (('unset', [], 1.0), ('passed', ['--operator_lr_mult=2.0'], 2.0)):
+        out = tmp_path / name
+        status, err = in_process([*common, f'--init_from={first}', *args, f'--out_dir={out}'], capsys)
+        assert status == 0, err[-2000:]
+        scalars = groups[-1][-1]  # the last group: the operator's γ and δ of the one layer, [n_head] each
+        assert [p.shape for p in scalars['params']] == [(2,), (2,)] and scalars['lr_mult'] == expected, name
+        assert json.loads((out / 'config.json').read_text())['operator_lr_mult'] == expected
+        assert torch.load(out / 'ckpt.pt', weights_only=True)['model_args']['operator_lr_mult'] == expected
+
+
 # ---------------------------------------------------------------------------------------------- a sixth operator
 
 def test_a_sixth_operator_is_one_table_entry(tiny_data_root, tmp_path, monkeypatch):
