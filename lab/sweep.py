@@ -7,7 +7,6 @@ Operator variants × seeds trained with identical data, budget and hyperparamete
     python -m lab.sweep --study=scales --report_only=True  # report the runs finished so far, train nothing
     python -m lab.sweep --study=scales --gpu=True --plan=True   # tokens and estimated GPU hours, train nothing
     python -m lab.sweep --study=claims --gpu=True --plan=True   # ... and the seeds each pre-registered test needs
-    python -m lab.sweep --study=claims --gpu=True --plan=True --pilot_sd=0.004   # ... at a pilot's measured SD
     python -m lab.sweep --variants=attention,fixed_gamma=-0.3 --seeds=2 --out_root=sweeps/quick -- --max_iters=200
     python -m lab.sweep --variants=attention,corridor --gpu=True --plan=True   # ad hoc variants at GPT-2 124M
 
@@ -175,11 +174,11 @@ def holm_family_size(name, parts, a, b):
     return sum(family(name, x, y) == family(name, a, b) for _, x, y in tests)
 
 
-def print_power(name, parts, hours, pilot_sd=0.0):
+def print_power(name, parts, hours, out_root, train_args=()):
     """The seeds each registered test of a GPU study needs (GPU_POWER: the CPU's effect and paired SD, assumed the
     same in nats at 124M), and a design that measures the SD rather than assuming it: a pilot of PILOT_SEEDS seeds,
-    then the seeds its SD implies, each stage's H100 hours from `hours`, print_plan's per run and setting.
-    pilot_sd: an SD a pilot measured, to size the second stage by instead of the CPU's."""
+    then the seeds its SD implies, each stage's H100 hours from `hours`, print_plan's per run and setting. Once the
+    pilot's report is in OUT_ROOT/<study>-gpu/report.json, the second stage is sized by each test's measured SD."""
     if name not in GPU_POWER:
         return print(f"\nno test of {name} is registered with a CPU effect to size its seeds by (lab/studies.py's "
                      f"GPU_POWER)" if name else "\nan ad hoc sweep registers no test: its seeds are not sized by power")
@@ -188,12 +187,12 @@ def print_power(name, parts, hours, pilot_sd=0.0):
         names = {parse_variant(v)[0] for v in part.variants}
         tests += [(part, t, 0.05 / holm_family_size(name, parts, t.a, t.b)) for t in GPU_POWER[name]
                   if {t.a, t.b} <= names]
-    print(f"\nseeds for 80 % power, estimated. Assumed at 124M: each test's effect and paired SD are the CPU's in nats "
-          f"(per character there, per token here); the seeds depend on effect ÷ SD alone, so the SD's ×0.5 and ×2 "
-          f"columns also stand for an effect twice or half as large. Two-sided paired t-test at 5 % ÷ its Holm family's "
-          f"size (its family's first step: the strictest), the exact noncentral t\n\n| test | CPU effect (nats) | "
-          f"CPU paired SD | measured on (docs/per_seed/) | level | seeds at SD ×0.5 | ×1 | ×2 | power with the planned seeds |\n"
-          f"|---|---|---|---|---|---|---|---|---|")
+    print("\nseeds for 80 % power, estimated. Assumed at 124M: each test's effect and paired SD are the CPU's in nats "
+          "(per character there, per token here); the seeds depend on effect ÷ SD alone, so the SD's ×0.5 and ×2 "
+          "columns also stand for an effect twice or half as large. Two-sided paired t-test at 5 % ÷ its Holm family's "
+          "size (its family's first step: the strictest), the exact noncentral t\n\n| test | CPU effect (nats) | "
+          "CPU paired SD | measured on (docs/per_seed/) | level | seeds at SD ×0.5 | ×1 | ×2 | power with the planned "
+          "seeds |\n|---|---|---|---|---|---|---|---|---|")
     short, absurd = [], []
     for part, t, alpha in tests:
         n = [seeds_for_power(t.effect, m * t.sd, alpha=alpha) for m in (0.5, 1, 2)]
@@ -209,29 +208,37 @@ def print_power(name, parts, hours, pilot_sd=0.0):
     if absurd:
         print(f"over {DECIDABLE_SEEDS} seeds at the CPU's SD: the study as planned ({parts[0].seeds} seeds) cannot decide "
               f"{', '.join(absurd)}")
-    # stage 2 sizes at the pilot SD's upper 80 % bound: a pilot of a few seeds measures the SD so loosely that
-    # seeds sized at its point estimate fall short of 80 % power about half the time
-    factor = sd_upper_bound(1.0, k)
+
+    # stage 2 sizes at the SD's upper 80 % bound: a pilot of a few seeds measures the SD so loosely that seeds sized at
+    # its point estimate fall short of 80 % power about half the time
+    report = os.path.join(out_root, f'{name}-gpu', 'report.json')
+    measured = {}  # label: (sd, pairs) of the pilot's tests
+    if os.path.isfile(report):
+        with open(report) as f:
+            measured = {t['label']: (t['sd'], t['n']) for t in json.load(f)['tests'] if t.get('n', 0) > 1}
+    where = '' if out_root == DEFAULTS['out_root'] else f" --out_root={shlex.quote(out_root)}"
+    extra = f" -- {shlex.join(train_args)}" if train_args else ''
     stage1 = sum(k * len(p.variants) * hours[p.setting] for p in parts)
     print(f"\ntwo stages, H100 hours estimated as above:\n1. pilot: python -m lab.sweep --study={name} --gpu=True "
-          f"--seeds={k}: {sum(k * len(p.variants) for p in parts)} runs, {stage1:.3g} h; its report.json gives each "
-          f"test's paired SD s ('sd', on {k - 1} df)\n2. each test to the seeds N of 80 % power at s's upper 80 % "
-          f"confidence bound, s·√({k - 1} / χ²₀.₂({k - 1})) = {factor:.2f}·s (80 % power then in at least 4 pilots of "
-          f"5; at s itself in about half), the pilot's seeds among them: each row's command, with the pilot's "
-          f"--out_root, trains the test's two variants to N. " + (
-              f"At the pilot's s = {pilot_sd:g} (each row as if it were that test's):" if pilot_sd else
-              "Were s the CPU's SD (--pilot_sd=S: at a measured one):")
+          f"--seeds={k}{where}{extra}: {sum(k * len(p.variants) for p in parts)} runs, {stage1:.3g} h; its "
+          f"{report} gives each test's paired SD s\n2. each test to the seeds N of 80 % power at s's upper 80 % "
+          f"confidence bound, s·√((n − 1) / χ²₀.₂(n − 1)) for n pilot pairs ({sd_upper_bound(1.0, k):.2f}·s at n = {k}: "
+          f"80 % power then in at least 4 pilots of 5; at s itself in about half), the pilot's seeds among them: each "
+          f"row's command trains its two variants to N. s: " + (f"measured, from {report}" if measured else
+                                                                "the CPU's SD until that report exists")
           + "\n\n| test | s | N | N at s itself | runs beyond the pilot | H100 hours | command |\n"
             "|---|---|---|---|---|---|---|")
     seeds = {}  # (setting, variant): the most seeds a decidable test asks of it
     for part, t, alpha in tests:
-        sd = pilot_sd or t.sd
-        n = seeds_for_power(t.effect, factor * sd, alpha=alpha)
+        label = f"{part.setting}: {t.a} − {t.b}"
+        sd, pairs = measured.get(label, (t.sd, k))
+        n = seeds_for_power(t.effect, sd_upper_bound(sd, pairs), alpha=alpha)
         runs = 2 * max(0, n - k)
         cost = f"{runs} | {runs * hours[part.setting]:.3g} | python -m lab.sweep --variants={t.a},{t.b} --gpu=True " \
-            f"--seeds={n}" if n <= DECIDABLE_SEEDS else \
+            f"--seeds={n}{where}{extra}" if n <= DECIDABLE_SEEDS else \
             f"– | – (over {DECIDABLE_SEEDS} seeds: not a test a GPU study can afford to decide) | –"
-        print(f"| {part.setting}: {t.a} − {t.b} | {sd:.4f} | {n} | {seeds_for_power(t.effect, sd, alpha=alpha)} | {cost} |")
+        missing = ' (the CPU\'s: not in the report)' if measured and label not in measured else ''
+        print(f"| {label} | {sd:.4f}{missing} | {n} | {seeds_for_power(t.effect, sd, alpha=alpha)} | {cost} |")
         if n <= DECIDABLE_SEEDS:
             for variant in (t.a, t.b):
                 seeds[(part.setting, variant)] = max(n, seeds.get((part.setting, variant), 0))
@@ -386,7 +393,6 @@ DEFAULTS = dict(
                                    # (--launcher=slurm leaves the curve to this: run it once on a GPU node)
     plan=False,                    # train nothing; print the runs' tokens and estimated GPU hours (with --gpu: the
                                    # seeds each registered test needs, and a pilot-then-the-rest design)
-    pilot_sd=0.0,                  # --plan --gpu: the paired SD a pilot measured, to size the second stage by
     launcher='local',              # local: train here (each run on GPUs of its own when there are any); slurm:
                                    # one SLURM job per run through submitit, and return; commands: print one
                                    # train.py command per unfinished run (for any other scheduler), train nothing
@@ -403,9 +409,6 @@ def main(argv):
     cfg = parse_config(DEFAULTS, sweep_args)
     if cfg['parallel'] < 1 or cfg['seeds'] < 0 or cfg['gpus_per_run'] < 1:
         raise UserError("parallel and gpus_per_run must be at least 1 and seeds at least 0")
-    if cfg['pilot_sd'] < 0 or cfg['pilot_sd'] and not (cfg['plan'] and cfg['gpu']):
-        raise UserError("--pilot_sd is a pilot's measured paired SD (≥ 0) for the second stage of a GPU study's plan: "
-                        "add --gpu=True --plan=True")
     if cfg['launcher'] not in ('local', 'slurm', 'commands'):
         raise UserError(f"launcher must be 'local', 'slurm' or 'commands', got {cfg['launcher']!r}")
     if cfg['variants']:  # ad hoc: one part, trained from base into out_root (with --gpu: the GPT-2 124M setting)
@@ -430,7 +433,7 @@ def main(argv):
     if cfg['plan']:
         hours = print_plan(runs)
         if cfg['gpu']:
-            print_power(None if cfg['variants'] else cfg['study'], parts, hours, cfg['pilot_sd'])
+            print_power(None if cfg['variants'] else cfg['study'], parts, hours, cfg['out_root'], train_args)
         return
     if not cfg['report_only']:
         if figures is pretrained_figures:  # the frozen model's fixed-γ curve: evaluations, before any run

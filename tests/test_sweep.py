@@ -324,7 +324,7 @@ def test_the_powered_fixed_gamma_study_reports_its_named_tests(tiny_data_root, t
               for run in [f'{v}-s{s}' for v in ('attention', 'fixed_gamma=-0.1') for s in range(200, 203)]}
     below = sum(finals[f'fixed_gamma=-0.1-s{s}'] < finals[f'attention-s{s}'] for s in range(200, 203))
     report = (out / 'report.md').read_text()
-    assert f'| tiny/a: fixed_gamma=-0.1 − attention | primary (Holm over 2) | 3 | ' in report
+    assert '| tiny/a: fixed_gamma=-0.1 − attention | primary (Holm over 2) | 3 | ' in report
     assert f' | {below} of 3 |' in report and 'Wall time, tiny/a: 12 runs, ' in report
     assert (out / 'fixed_gamma_powered.png').stat().st_size > 1000
 
@@ -454,7 +454,6 @@ def test_a_gpu_preset_starts_and_logs_on_cpu_with_tiny_overrides(tiny_data_root,
     (['--study=claims', '--', '--n_layr=2'], "unknown config key 'n_layr'"),
     (['--study=claims', '--', '--data_root=nowhere'], "run `python prepare.py shakespeare_char` first"),
     (['--parallel=0'], "parallel and gpus_per_run must be at least 1"),
-    (['--pilot_sd=0.004'], "add --gpu=True --plan=True"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
     assert_one_line_error(run_script('lab.sweep', f'--out_root={tmp_path}', *args, cwd=REPO), message)
@@ -582,40 +581,73 @@ def test_gpu_plan_sizes_every_registered_test_and_costs_both_stages(tmp_path, ca
             tested[variant] = max(n, tested.get(variant, 0))
         # the row's command, as printed (with --plan=True: it would train on a GPU), plans exactly those runs
         command = stage2[f'{t.a} − {t.b}'][5].rstrip(' |')
-        assert command == f"python -m lab.sweep --variants={t.a},{t.b} --gpu=True --seeds={n}"
-        sweep.main([*command.split()[3:], '--plan=True', f'--out_root={tmp_path}'])
+        # the pilot's runs are found where they are
+        assert command == f"python -m lab.sweep --variants={t.a},{t.b} --gpu=True --seeds={n} --out_root={tmp_path}"
+        sweep.main([*command.split()[3:], '--plan=True'])
         planned = plan_rows(capsys.readouterr().out)['openwebtext/gpt2_124m']
         assert planned[3] == plan_rows(out)['openwebtext/gpt2_124m'][3] and int(planned[4]) == 2 * n
-    pilot = re.search(f'--study=claims --gpu=True --seeds={k}: (\\d+) runs, ([\\d.]+) h', out)
+    pilot = re.search(f'--study=claims --gpu=True --seeds={k} --out_root=\\S+: (\\d+) runs, ([\\d.]+) h', out)
     assert int(pilot[1]) == k * len(studies.CLAIMS) and float(pilot[2]) == pytest.approx(int(pilot[1]) * per_run, rel=0.01)
     shared = sum(n - k for n in tested.values())  # a variant in two tests is trained once, to the larger N
     union = re.search(r'trained once\) \| \| \| \| (\d+) \| ([\d.]+) \|', out)
     assert int(union[1]) == shared and float(union[2]) == pytest.approx(shared * per_run, rel=0.01)
     assert 'under 80 % power with the planned seeds (3)' in out and 'cannot decide' not in out
-    # a pilot's measured SD sizes the second stage instead; a test beyond 100 seeds is said to be undecidable
-    sweep.main(['--study=fixed_gamma', '--gpu=True', '--plan=True', f'--out_root={tmp_path}', '--pilot_sd=0.002'])
+    assert not any(tmp_path.iterdir())
+    # the pilot's report in its folder: each test's measured SD, over the pairs it had, sizes the second stage; a test
+    # the report lacks keeps the CPU's SD and says so; a test beyond 100 seeds is said to be undecidable
+    report = tmp_path / 'fixed_gamma-gpu' / 'report.json'
+    report.parent.mkdir()
+    tests = studies.GPU_POWER['fixed_gamma']
+    report.write_text(json.dumps(dict(tests=[dict(label=f'openwebtext/gpt2_124m: {t.a} − {t.b}', sd=0.002, n=4)
+                                             for t in tests[:-1]])))
+    sweep.main(['--study=fixed_gamma', '--gpu=True', '--plan=True', f'--out_root={tmp_path}'])
     out = capsys.readouterr().out
-    for t in studies.GPU_POWER['fixed_gamma']:
+    assert f's: measured, from {report}' in out
+    for t in tests[:-1]:
         alpha = 0.05 / (7 if t.a.startswith('fixed_gamma') else 1)  # the fixed-γ grid is one family of 7
-        n = stats.seeds_for_power(t.effect, stats.sd_upper_bound(0.002, k), alpha=alpha)
+        n = stats.seeds_for_power(t.effect, stats.sd_upper_bound(0.002, 4), alpha=alpha)
         assert power_rows(out, 7)[f'{t.a} − {t.b}'][:2] == ['0.0020', str(n)]
+    last = tests[-1]
+    assert power_rows(out, 7)[f'{last.a} − {last.b}'][0] == f"{last.sd:.4f} (the CPU's: not in the report)"
     assert 'fixed_gamma=-0.05 − attention | 0.0020 | 108 | 39 | – | – (over 100 seeds' in out
     sweep.main(['--variants=attention,corridor', '--gpu=True', '--plan=True', f'--out_root={tmp_path}'])
     assert 'an ad hoc sweep registers no test' in capsys.readouterr().out
-    assert not any(tmp_path.iterdir())
 
 
-def test_gpu_md_states_the_seeds_the_plan_computes():
-    """docs/gpu.md's seeds tables: each test's seeds at SD ×0.5 / ×1 / ×2 and its two-stage N, as --plan computes them."""
+def test_gpu_md_states_what_the_plan_prints(tmp_path, capsys):
+    """docs/gpu.md's seeds tables, cell by cell, and its hours, as `--plan=True` prints them for claims and
+    fixed_gamma: each test's seeds at SD ×0.5 / ×1 / ×2, the power of the 3 seeds planned, the two-stage N, its runs
+    and hours, the pilot's, the total."""
     page = (REPO / 'docs' / 'gpu.md').read_text()
-    bound = stats.sd_upper_bound(1.0, studies.PILOT_SEEDS)
-    for name, tests in studies.GPU_POWER.items():
-        for t in tests:
-            alpha = 0.05 / (7 if name == 'fixed_gamma' and t.a.startswith('fixed_gamma') else 1)
-            n = ' / '.join(str(stats.seeds_for_power(t.effect, m * t.sd, alpha=alpha)) for m in (0.5, 1, 2))
-            assert f'| {n} |' in page, (name, t)
-            stage2 = stats.seeds_for_power(t.effect, bound * t.sd, alpha=alpha)
-            assert f'| {stage2} |' in page or f'| {stage2}: over 100' in page, (name, t)
+    printed = {}
+    for name in ('claims', 'fixed_gamma'):
+        sweep.main([f'--study={name}', '--gpu=True', '--plan=True', f'--out_root={tmp_path}'])
+        out = capsys.readouterr().out
+        seeds, stage2 = power_rows(out, 9), power_rows(out, 7)
+        pilot = re.search(r'--seeds=4[^:]*: (\d+) runs, ([\d.]+) h', out)
+        union = re.search(r'trained once\) \| \| \| \| (\d+) \| ([\d.]+) \|', out)
+        total = re.search(r'pilot and stage 2: ([\d.]+) H100 hours', out)[1]
+        planned = re.search(r'total to train: ([\d.]+) H100 hours', out)[1]
+        printed[name] = seeds, stage2, pilot.groups(), union.groups(), total, planned
+    seeds, stage2, pilot, union, total, planned = printed['claims']
+    table = page.split('| claims test')[1].split('\n\n')[0].splitlines()[2:]
+    assert len(table) == len(studies.GPU_POWER['claims'])
+    for row, t in zip(table, studies.GPU_POWER['claims']):
+        cells = [c.strip() for c in row.strip('|').split('|')]
+        mine, theirs = seeds[f'{t.a} − {t.b}'], stage2[f'{t.a} − {t.b}']
+        assert cells[2] == ' / '.join(mine[4:7]) and cells[3] == mine[7].split()[0].replace('%', ' %'), row
+        assert cells[4] == theirs[1] and cells[5] == f'{theirs[3]}, {theirs[4]}', row
+    assert f'{pilot[0]} runs, {pilot[1]} h' in page and f'{union[0]} runs, {union[1]} h' in page
+    assert f'**{round(float(total))} H100 hours** with the pilot, against the {planned} planned' in page
+    seeds, stage2, pilot, union, total, planned = printed['fixed_gamma']
+    rows = {line.split(' | ')[0].strip('| '): [c.strip() for c in line.strip('|').split('|')[1:]]
+            for line in page.split('| fixed γ, δ = 1 − attention')[1].split('\n\n')[0].splitlines()[2:]}
+    for k, t in enumerate(studies.GPU_POWER['fixed_gamma']):
+        mine, theirs = seeds[f'{t.a} − {t.b}'], stage2[f'{t.a} − {t.b}']
+        assert rows['seeds at SD ×0.5 / ×1 / ×2'][k] == ' / '.join(mine[4:7]), t
+        assert rows['two-stage N'][k].split(':')[0] == theirs[1], t
+    assert f'Pilot {pilot[0]} runs, {pilot[1]} h' in page
+    assert f'{union[0]} runs, {union[1]} h: **{round(float(total))} H100 hours**' in page
 
 
 def test_the_ladder_spans_twenty_fold_at_equal_tokens_per_parameter(tmp_path, tiny_data_root):
