@@ -32,7 +32,7 @@ from lab.reports import family  # noqa: E402  (the studies' Holm families, as th
 from lab.study_figures import (PREREGISTERED, PRETRAINED_CELLS, comparison_label, draw_preregistered,  # noqa: E402
                                pretrained_variant)  # (the reports' cells, and their per-seed figures)
 from lab.studies import LADDER_SIZES, STUDIES, millions, non_embedding_params, parse_variant, setting_config  # noqa: E402
-from lab.stats import (fmt_p, holm, line_fit, paired_test, summary_test, t_two_sided_p, verdict,  # noqa: E402
+from lab.stats import (batch_means, fmt_p, holm, line_fit, paired_test, summary_test, t_two_sided_p, verdict,  # noqa: E402
                        weighted_line_fit)
 
 PER_SEED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'per_seed')
@@ -943,16 +943,18 @@ def read_throughput(path=None):
 
 def throughput_ratio(pairs, mode):
     """r, the corridor's training throughput over attention's in one mode, and its 95 % CI: a PairedTest of the pairs'
-    ln(attention seconds / corridor seconds) (one pair: the same steps, tokens and thread), r = exp(its mean)."""
-    return paired_test([math.log(r['attention_seconds'] / r['corridor_seconds'])
-                        for (m, _), r in sorted(pairs.items()) if m == mode])
+    ln(attention seconds / corridor seconds) (one pair: the same steps, tokens and thread) in pair order, over the
+    means of 20 batches of consecutive pairs (lab/stats.batch_means: neighbours share the machine's load, so single
+    pairs would make the interval too narrow); r = exp(its mean)."""
+    return paired_test(batch_means([math.log(r['attention_seconds'] / r['corridor_seconds'])
+                                    for (m, _), r in sorted(pairs.items()) if m == mode]))
 
 
 def compute_multiplier(multiplier, ratio, seed=1):
     """c = m·r, attention's wall time to the variant's loss over the variant's (m the tokens, 1 / r the time a token),
     and its 95 % CI from both intervals: each bootstrap draw of m times an independent draw of r, exp(mean + SE·t)
-    with t from Student's t on n − 1 df (random.Random(seed): a normal over the root of a χ² over its df), whose
-    spread is r's t-interval; the 2.5 and 97.5 percentiles of the products."""
+    with t from Student's t on the batches' n − 1 df (random.Random(seed): a normal over the root of a χ² over its
+    df), whose spread is r's t-interval; the 2.5 and 97.5 percentiles of the products."""
     c = multiplier.m * math.exp(ratio.mean)
     if ratio.n < 2 or not multiplier.draws:
         return c, (float('nan'), float('nan'))
@@ -986,7 +988,7 @@ def compute_table(pairs, linear, quadratic):
         r = f"{math.exp(ratio.mean):.3f} [{math.exp(ratio.low):.3f}, {math.exp(ratio.high):.3f}]" if ratio.n > 1 else \
             f"{math.exp(ratio.mean):.3f}"
         (c, (low, high)), (q, (q_low, q_high)) = (compute_multiplier(m, ratio) for m in (linear, quadratic))
-        out.append(f"| {label} | {ratio.n:,} | {r} | {times(c)} [{times(low)}, {times(high)}] | "
+        out.append(f"| {label} | {sum(m == mode for m, _ in pairs):,} | {r} | {times(c)} [{times(low)}, {times(high)}] | "
                    f"{times(q)} [{times(q_low)}, {times(q_high)}] | {compute_words(low, high)} |")
         quotes.append(f"{mode}: r = {r}, c = {times(c)} [{times(low)}, {times(high)}]")
     setup = {key: sorted({str(r[key]) for r in pairs.values()}) for key in ('steps', 'tokens_per_step', 'threads',

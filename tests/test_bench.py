@@ -86,6 +86,21 @@ def test_ratio_is_the_geometric_mean_of_paired_ratios_with_a_t_interval_of_their
     assert all(math.isnan(x) for x in bench.throughput_ratio([1.0], [0.9])[1:])  # one round: no interval
 
 
+def test_from_forty_rounds_the_interval_is_over_batch_means_of_neighbouring_rounds():
+    """60 rounds whose log-ratios drift together in runs of three (a load that lasts a few rounds): the interval is
+    the t-interval of the 20 means of three consecutive rounds, 19 df, wider than one over the 60 rounds alone."""
+    from scipy import stats
+    logs = [0.05 * ((k // 3) % 4 - 1.5) + 0.001 * (k % 3) for k in range(60)]
+    ratio, low, high = bench.throughput_ratio([math.exp(x) for x in logs], [1.0] * 60)
+    means = [sum(logs[3 * k:3 * k + 3]) / 3 for k in range(20)]
+    mean = sum(means) / 20
+    half = stats.t.ppf(0.975, 19) * math.sqrt(sum((m - mean) ** 2 for m in means) / 19 / 20)
+    assert ratio == pytest.approx(math.exp(sum(logs) / 60)) and (low, high) == pytest.approx(
+        (math.exp(mean - half), math.exp(mean + half)))
+    naive = stats.t.ppf(0.975, 59) * math.sqrt(sum((x - mean) ** 2 for x in logs) / 59 / 60)
+    assert half > naive  # the rounds' own spread would understate it
+
+
 def test_a_faster_corridor_has_a_ratio_above_1_in_the_table_and_the_csv(monkeypatch, tmp_path):
     """bench_training with its timer replaced: round k's attention step takes 1 + 0.1k s, the corridor's 1.25 times
     less, then × 1.05 and ÷ 1.05 by turns; so the corridor's ratio is 1.25 exactly, and its CI (from the ±log 1.05

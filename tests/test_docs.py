@@ -868,3 +868,29 @@ def test_the_section_check_refuses_a_cut_from_the_middle():
     assert not whole_section(lines, 4, 4)  # a continuation alone
     assert not whole_section(lines, 7, 7)  # the heading without its subsection
     assert not whole_section(lines, 1, 2)  # the heading's text without the list that follows it
+
+
+def test_speed_mds_table_of_the_studys_step_is_what_its_timed_pairs_give():
+    """docs/speed.md's corridor_settled table, recomputed from per_seed/throughput.csv without lab/ or the page's
+    script: tokens/s over each variant's geometric mean time, the ratio of geometric means, its 95 % t-interval over 20
+    batch means of consecutive pairs, and the time a token beyond attention's, 1/r − 1."""
+    import csv
+    from scipy import stats as scipy_stats
+    page = (REPO / 'docs' / 'speed.md').read_text()
+    with open(REPO / 'docs' / 'per_seed' / 'throughput.csv', newline='') as f:
+        rows = list(csv.DictReader(f))
+    for mode in ('eager', 'compiled'):
+        pairs = [r for r in rows if r['mode'] == mode]
+        tokens = int(pairs[0]['tokens_per_step']) * int(pairs[0]['steps'])
+        seconds = {v: [float(r[f'{v}_seconds']) for r in pairs] for v in ('attention', 'corridor')}
+        speed = {v: tokens / math.exp(statistics.fmean(map(math.log, s))) for v, s in seconds.items()}
+        logs = [math.log(a / c) for a, c in zip(seconds['attention'], seconds['corridor'])]
+        size = len(logs) // 20
+        means = [statistics.fmean(logs[k * size:(k + 1) * size]) for k in range(20)]
+        half = scipy_stats.t.ppf(0.975, 19) * statistics.stdev(means) / math.sqrt(20)
+        r, low, high = (math.exp(statistics.fmean(logs) + d) for d in (0, -half, half))
+        bold = '**' if mode == 'compiled' else ''
+        assert f"| attention | {mode} | {speed['attention']:,.0f} | 1 | – | 1 |" in page, mode
+        assert (f"| {bold}corridor{bold} | {bold}{mode}{bold} | {speed['corridor']:,.0f} | {bold}{r:.3f} [{low:.3f}, "
+                f"{high:.3f}]{bold} | {bold}+{100 * (1 / r - 1):.1f} % [{100 * (1 / high - 1):.1f}, "
+                f"{100 * (1 / low - 1):.1f}]{bold} |") in page, mode
