@@ -329,8 +329,11 @@ def main(argv):
     unknown = set(args.parts.split(',')) - set(CHECK_PARTS)
     if unknown:
         sys.exit(f"error: unknown --parts {', '.join(sorted(unknown))} (choose from {', '.join(CHECK_PARTS)})")
+    parts = args.parts.split(',')
+    if args.device.startswith('cuda') and not torch.cuda.is_available() and 'environment' not in parts:
+        parts.insert(0, 'environment')  # its one line names the fix; every part asked for then SKIPs
     os.makedirs(args.out_dir, exist_ok=True)
-    sys.exit(self_check(args.device, args.small, dtype, args.parts.split(','), args.out_dir))
+    sys.exit(self_check(args.device, args.small, dtype, parts, args.out_dir))
 
 
 if __name__ == '__main__':

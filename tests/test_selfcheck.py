@@ -37,6 +37,11 @@ def test_without_cuda_the_environment_fails_naming_the_fix_and_nothing_else_runs
     assert [line.split()[:2] for line in summary[1:]] == [['SKIP', name] for name in list(selfcheck.CHECK_PARTS)[1:]]
     assert all(line.endswith('not run: the environment part failed') for line in summary[1:])
     assert result.stdout.count('== ') == 1  # one process started: the environment's
+    # parts asked for without the environment's: it runs first all the same, and they SKIP
+    some = run_script('lab.selfcheck', '--parts=correctness,cuda_rng', '--out_dir', tmp_path, cwd=tmp_path)
+    summary = (tmp_path / 'check_summary.txt').read_text().splitlines()
+    assert some.returncode == 1 and [line.split()[:2] for line in summary] == [
+        ['FAIL', 'environment'], ['SKIP', 'correctness'], ['SKIP', 'cuda_rng']], some.stdout[-3000:]
     cpu = run_script('lab.selfcheck', '--device=cpu', '--parts=environment', '--out_dir', tmp_path, cwd=tmp_path)
     assert cpu.returncode == 0 and (tmp_path / 'check_summary.txt').read_text().startswith('PASS  environment')
 
