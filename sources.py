@@ -259,10 +259,10 @@ def load_run(out_dir):
             raise UserError(f"{out_dir} holds a run with no evaluation in log.jsonl and no checkpoint yet: nothing to "
                             f"analyze before its first evaluation")
         config = read_run_config(out_dir)
+        source = config.get('init_from', 'scratch')
         return dict(name=os.path.basename(os.path.normpath(out_dir)), out_dir=out_dir, config=config,
                     iter=series[-1][0], log=log, gamma=series[-1][1], delta=series[-1][2], series=series, params=None,
-                    non_embedding=None, source=None if config.get('init_from', 'scratch') == 'scratch' else config['init_from'],
-                    seconds=None, checkpoint=None)
+                    non_embedding=None, source=None if source == 'scratch' else source, seconds=None, checkpoint=None)
     ckpt = load_checkpoint(path, mmap=True)
     # stopped after its last evaluation (Ctrl-C), or a log lost: the checkpoint's own scalars
     model = None if series and series[-1][0] == ckpt['iter_num'] else model_from_checkpoint(ckpt)
