@@ -32,7 +32,7 @@ from lab.reports import family  # noqa: E402  (the studies' Holm families, as th
 from lab.study_figures import (PREREGISTERED, PRETRAINED_CELLS, comparison_label, draw_preregistered,  # noqa: E402
                                pretrained_variant)  # (the reports' cells, and their per-seed figures)
 from lab.studies import LADDER_SIZES, STUDIES, millions, non_embedding_params, parse_variant, setting_config  # noqa: E402
-from lab.stats import (batch_means, fmt_p, holm, line_fit, paired_test, summary_test, t_two_sided_p, verdict,  # noqa: E402
+from lab.stats import (fmt_p, holm, log_ratio_test, line_fit, paired_test, summary_test, t_two_sided_p, verdict,  # noqa: E402
                        weighted_line_fit)
 
 PER_SEED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'per_seed')
@@ -944,10 +944,10 @@ def read_throughput(path=None):
 def throughput_ratio(pairs, mode):
     """r, the corridor's training throughput over attention's in one mode, and its 95 % CI: a PairedTest of the pairs'
     ln(attention seconds / corridor seconds) (one pair: the same steps, tokens and thread) in pair order, over the
-    means of 20 batches of consecutive pairs (lab/stats.batch_means: neighbours share the machine's load, so single
+    means of 20 batches of consecutive pairs (lab/stats.log_ratio_test: neighbours share the machine's load, so single
     pairs would make the interval too narrow); r = exp(its mean)."""
-    return paired_test(batch_means([math.log(r['attention_seconds'] / r['corridor_seconds'])
-                                    for (m, _), r in sorted(pairs.items()) if m == mode]))
+    timed = [r for (m, _), r in sorted(pairs.items()) if m == mode]
+    return log_ratio_test([r['attention_seconds'] for r in timed], [r['corridor_seconds'] for r in timed])
 
 
 def compute_multiplier(multiplier, ratio, seed=1):

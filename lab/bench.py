@@ -40,7 +40,7 @@ import torch
 
 from common import PEAK_FLOPS, REPO, UserError, atomic_write, flops_per_token, peak_flops, sdpa_backend, synchronize
 from lab.connection import connection_diagnostics, head_weights
-from lab.stats import batch_means, paired_test
+from lab.stats import log_ratio_test
 from model import GPT, OPERATORS, CausalSelfAttention, GPTConfig
 
 PRESETS = {
@@ -153,11 +153,10 @@ def sdpa_kernels(fn):
 def throughput_ratio(times_a, times_b):
     """b's throughput relative to a's, rounds paired: (ratio, CI low, CI high), the geometric mean over rounds of
     time(a) / time(b) and its 95 % t-interval from the per-round log-ratios (NaN with one round), over batch means of
-    consecutive rounds once there are 40 or more (lab/stats.batch_means: neighbouring rounds share the load). A
+    consecutive rounds once there are 40 or more (lab/stats.log_ratio_test: neighbouring rounds share the load). A
     log-ratio, not a ratio: a round twice as slow and one twice as fast cancel."""
-    logs = [math.log(ta / tb) for ta, tb in zip(times_a, times_b)]
-    test = paired_test(batch_means(logs))
-    return math.exp(statistics.fmean(logs)), math.exp(test.low), math.exp(test.high)
+    test = log_ratio_test(times_a, times_b)
+    return math.exp(test.mean), math.exp(test.low), math.exp(test.high)
 
 
 def per_second(amount, times):

@@ -108,6 +108,17 @@ def batch_means(values, batches=20):
     return [statistics.fmean(values[k * size:(k + 1) * size]) for k in range(batches)]
 
 
+def log_ratio_test(numerators, denominators):
+    """The test of ln(a / b) over pairs taken one after another (timings: lab/bench.py, docs/results_recomputed.py):
+    its mean over every pair (exp of it: the ratio of the geometric means), its SD, n and t-interval over their
+    batch_means, so that neighbours sharing a load do not narrow it."""
+    logs = [math.log(a / b) for a, b in zip(numerators, denominators)]
+    if not logs:
+        return paired_test([])
+    means = batch_means(logs)
+    return summary_test(statistics.fmean(logs), statistics.stdev(means) if len(means) > 1 else float('nan'), len(means))
+
+
 def holm(p_values):
     """Holm's step-down adjustment: the k-th smallest of m p-values times (m − k + 1), kept monotone, at most 1.
     (scipy has no Holm, only Benjamini–Hochberg in false_discovery_control; statsmodels' multipletests has it, but
