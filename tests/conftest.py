@@ -68,6 +68,19 @@ def run_script(script, *args, cwd, env=None):
                           env=env, timeout=600)
 
 
+def run_in_process(main, argv, capsys):
+    """(exit status, stderr) of a script's main(argv) under common.main_guard, as the command line would end: what a
+    subprocess would give, without a process's start-up."""
+    from common import main_guard
+    capsys.readouterr()
+    try:
+        main_guard(lambda: main(argv))
+        status = 0
+    except SystemExit as e:
+        status = e.code or 0
+    return status, capsys.readouterr().err
+
+
 def assert_one_line_error(result, *fragments):
     """A bad input: exit status 2, one `error: ...` line on stderr, no traceback."""
     lines = result.stderr.strip().splitlines()

@@ -16,7 +16,7 @@ import torch
 import analyze
 import sample
 import train
-from common import main_guard
+from conftest import run_in_process
 
 SEED = 49
 
@@ -80,17 +80,6 @@ def cases(run_dir):
 
 def digest(folder):  # the run's files (train.lock too: a failed resume must not leave one behind)
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
-
-
-def run_in_process(main, argv, capsys):
-    """(exit status, stderr) of main_guard(main(argv)), as the command line would end."""
-    capsys.readouterr()
-    try:
-        main_guard(lambda: main(argv))
-        status = 0
-    except SystemExit as e:
-        status = e.code or 0
-    return status, capsys.readouterr().err
 
 
 def outcome(name, command, status, err):

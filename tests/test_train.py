@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from common import model_config, parse_config
-from conftest import (REPO, TINY_TRAIN_ARGS, assert_one_line_error, run_script,
+from conftest import (REPO, TINY_TRAIN_ARGS, assert_one_line_error, run_in_process, run_script,
                       tiny_llama_and_its_wikitext)
 from train import DEFAULTS
 
@@ -495,15 +495,9 @@ def test_a_resumed_run_lets_go_of_the_checkpoint_before_training(tiny_data_root,
 # ---------------------------------------------------------------------------------------------- starts from weights
 
 def in_process(argv, capsys):
-    """(exit status, stderr) of train.py's main_guard(main(argv)), as the command line ends it."""
+    """(exit status, stderr) of train.py with argv, as the command line ends it (conftest.run_in_process)."""
     import train as train_module
-    from common import main_guard
-    capsys.readouterr()
-    try:
-        main_guard(lambda: train_module.main(argv))
-        return 0, capsys.readouterr().err
-    except SystemExit as e:
-        return e.code or 0, capsys.readouterr().err
+    return run_in_process(train_module.main, argv, capsys)
 
 
 def suggested(err):
