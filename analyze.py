@@ -10,6 +10,8 @@ Per run (RUN/analysis/, or OUT/<run>/): corridor.json, summary.md, occupancy.png
 (every head's γ and δ against tokens seen), loss.png, and walk.png for a run trained with walk_interval (drawn by
 lab/figures.py). Several runs: the same across runs in OUT (./comparison) and a summary.md of final losses. The
 corridor is −1 < γ < 0 (model.in_corridor): γ = 0 counts as "above" (attention), γ = −1 as "below" (a Laplacian).
+Any γ just below 0 is in it, so every share is given twice: in the corridor, and settled in it, −1 < γ < −0.05
+(model.CLAIM_B, claim (b)'s reading), which a head a hair off attention does not reach.
 """
 
 import argparse
@@ -25,42 +27,60 @@ import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 import torch  # noqa: E402
 
 from common import UserError, atomic_write, main_guard, save_figure as save  # noqa: E402
-from model import in_corridor  # noqa: E402
+from model import CLAIM_B, in_corridor  # noqa: E402
 from sources import load_run  # noqa: E402
 
 
+SETTLED = f'−1 < γ < −{-CLAIM_B:g}'  # claim (b)'s "settled in the corridor": the settled shares' name in tables, plots
+
+
+def shares(gamma):
+    """{occupancy: the share of γ's heads in the corridor −1 < γ < 0, inside_claim_b: the share settled in it}."""
+    return dict(occupancy=in_corridor(gamma).float().mean().item(),
+                inside_claim_b=in_corridor(gamma, CLAIM_B).float().mean().item())
+
+
 def occupancy_report(gamma, delta):
-    """corridor.json's content for [n_layer, n_head] tensors of γ and δ."""
-    layers = [dict(layer=layer, gamma=g.tolist(), delta=d.tolist(), occupancy=in_corridor(g).float().mean().item(),
+    """corridor.json's content for [n_layer, n_head] tensors of γ and δ: per layer and over all heads (and the layers
+    after the first), the shares in the corridor (occupancy) and settled in it (inside_claim_b)."""
+    layers = [dict(layer=layer, gamma=g.tolist(), delta=d.tolist(), **shares(g),
                    below=int((g <= -1).sum()), above=int((g >= 0).sum()), gamma_mean=g.mean().item(),
                    gamma_median=g.median().item(), delta_mean=d.mean().item())  # median: the lower middle value
               for layer, (g, d) in enumerate(zip(gamma, delta))]
-    return dict(layers=layers, occupancy=in_corridor(gamma).float().mean().item(),
-                occupancy_beyond_first=in_corridor(gamma[1:]).float().mean().item() if len(gamma) > 1 else None)
+    beyond = shares(gamma[1:]) if len(gamma) > 1 else dict(occupancy=None, inside_claim_b=None)
+    return dict(layers=layers, **shares(gamma), **{f'{key}_beyond_first': x for key, x in beyond.items()})
 
 
 def layer_table(report):
-    rows = ["| layer | in corridor | γ ≤ −1 | γ ≥ 0 | γ mean | γ median | δ mean |", "|---|---|---|---|---|---|---|"]
-    rows += [f"| {r['layer']} | {r['occupancy']:.0%} | {r['below']} | {r['above']} | {r['gamma_mean']:+.3f} "
-             f"| {r['gamma_median']:+.3f} | {r['delta_mean']:.3f} |" for r in report['layers']]
-    beyond = report['occupancy_beyond_first']
-    return '\n'.join(rows) + f"\n\nall heads: {report['occupancy']:.0%} in the corridor" \
-        + (f"; layers after the first: {beyond:.0%}" if beyond is not None else '')
+    rows = [f"| layer | in corridor, −1 < γ < 0 | settled, {SETTLED} | γ ≤ −1 | γ ≥ 0 | γ mean | γ median | δ mean |",
+            "|---|---|---|---|---|---|---|---|"]
+    rows += [f"| {r['layer']} | {r['occupancy']:.0%} | {r['inside_claim_b']:.0%} | {r['below']} | {r['above']} "
+             f"| {r['gamma_mean']:+.3f} | {r['gamma_median']:+.3f} | {r['delta_mean']:.3f} |" for r in report['layers']]
+    beyond, settled = report['occupancy_beyond_first'], report['inside_claim_b_beyond_first']
+    return '\n'.join(rows) + f"\n\nall heads: {report['occupancy']:.0%} in the corridor, " \
+        f"{report['inside_claim_b']:.0%} settled ({SETTLED})" \
+        + (f"; layers after the first: {beyond:.0%} and {settled:.0%}" if beyond is not None else '')
 
 
 def plot_occupancy(reports, path, attention=()):
-    """reports: {label: occupancy report}: bars grouped by layer; attention: the attention runs' labels, an x at 0 %."""
+    """reports: {label: occupancy report}: bars grouped by layer, each run's share in the corridor hatched and, where
+    the report has it, the share settled in it solid over it (a subset: a hatched top is the heads only just below
+    0); attention: the attention runs' labels, an x at 0 %."""
     n_layer = len(next(iter(reports.values()))['layers'])
-    fig, ax = plt.subplots(figsize=(min(16, max(5, 1.2 * n_layer)) + 2.4, 3.6))
+    fig, ax = plt.subplots(figsize=(min(16, max(5, 1.2 * n_layer)) + 3.4, 3.6))
     slots, layers = len(reports) + len(attention), range(n_layer)
     width = 0.8 / slots
     for k, (label, report) in enumerate(reports.items()):
-        ax.bar([r['layer'] + (k - (slots - 1) / 2) * width for r in report['layers']],
-               [r['occupancy'] for r in report['layers']], width, label=label, color=f'C{k}')
+        x = [r['layer'] + (k - (slots - 1) / 2) * width for r in report['layers']]
+        ax.bar(x, [r['occupancy'] for r in report['layers']], width, facecolor='none', edgecolor=f'C{k}', hatch='///',
+               label=f'{label}: in the corridor, −1 < γ < 0')
+        if all('inside_claim_b' in r for r in report['layers']):
+            ax.bar(x, [r['inside_claim_b'] for r in report['layers']], width, color=f'C{k}', edgecolor=f'C{k}',
+                   label=f'{label}: settled, {SETTLED} (claim (b))')
     for k, label in enumerate(attention, len(reports)):  # a zero-height bar would not show: a marker at 0 does
         ax.plot([x + (k - (slots - 1) / 2) * width for x in layers], [0] * n_layer, 'x', ms=8, mew=2, color='black',
                 clip_on=False, label=f'{label}:\n0 % by construction (γ = 0)')
-    ax.set(ylim=(0, 1.05), xticks=layers, xlabel='layer', ylabel='fraction of heads with −1 < γ < 0',
+    ax.set(ylim=(0, 1.05), xticks=layers, xlabel='layer', ylabel='fraction of heads',
            title='Corridor occupancy by layer')
     ax.legend(fontsize=8, loc='upper left', bbox_to_anchor=(1.01, 1))
     return save(fig, path)
@@ -93,7 +113,9 @@ def plot_gamma_delta(runs, path, attention=()):
 
 def plot_evolution(log, path, title):
     """γ (upper rows) and δ of every head against tokens seen, a column per layer (six at most, then wrapped), γ's axis
-    spanning the whole corridor [−1, 0]; head k has colour k in every panel, named in one legend."""
+    spanning the whole corridor [−1, 0]; head k has colour k in every panel, named in one legend. Every γ panel has
+    one y-scale, every δ panel another: layers are compared by eye, and a panel scaled to its own range would show a
+    δ moving 0.98 … 1.03 as large as one moving 0.8 … 1.0."""
     tokens = [e['tokens'] / 1e6 for e in log]
     gamma = torch.tensor([e['gamma'] for e in log])  # [evals, layers, heads]
     delta = torch.tensor([e['delta'] for e in log])
@@ -103,6 +125,9 @@ def plot_evolution(log, path, title):
     fig, axes = plt.subplots(2 * pairs, columns, figsize=(3.2 * columns, 2.7 * 2 * pairs), sharex=True, squeeze=False,
                              height_ratios=[3, 2] * pairs)  # γ's row taller: its axis spans the whole corridor
     panels = axes.reshape(pairs, 2, columns).transpose(0, 2, 1).reshape(-1, 2)  # (γ, δ) per layer, row by row
+    for top, bottom in panels[1:n_layer]:
+        top.sharey(panels[0][0])
+        bottom.sharey(panels[0][1])
     for layer, (top, bottom) in enumerate(panels[:n_layer]):
         for head in range(n_head):
             top.plot(tokens, gamma[:, layer, head].tolist(), lw=1.4, color=f'C{head % 10}', label=f'head {head}')
@@ -172,8 +197,8 @@ def analyze_run(run, out):
     report = dict(run=run['name'], iter=run['iter'], operator=run['config']['operator'],
                   **occupancy_report(run['gamma'], run['delta']))
     if run['series']:  # occupancy at every evaluation, from log.jsonl
-        report['series'] = [dict(iter=it, occupancy=in_corridor(g).float().mean().item(),
-                                 occupancy_by_layer=in_corridor(g).float().mean(-1).tolist())
+        report['series'] = [dict(iter=it, **shares(g), occupancy_by_layer=in_corridor(g).float().mean(-1).tolist(),
+                                 inside_claim_b_by_layer=in_corridor(g, CLAIM_B).float().mean(-1).tolist())
                             for it, g, _ in run['series']]
     with atomic_write(os.path.join(out, 'corridor.json')) as f:
         json.dump(report, f, indent=1)
@@ -219,12 +244,13 @@ def compare_runs(runs, reports, out):
         curves = {label(r): ([e['tokens'] for e in r['log']], [e['val_loss'] for e in r['log']]) for r in logged}
         plot_losses(curves, os.path.join(out, 'val_loss.png'), 'validation loss', compare=True)
     plot_walks({label(r): r['log'] for r in runs}, os.path.join(out, 'walk.png'), 'runs compared')
-    rows = [f"| run | operator | iter | final val loss | − {runs[0]['name']} | best val loss | corridor occupancy |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [f"| run | operator | iter | final val loss | − {runs[0]['name']} | best val loss | in corridor, −1 < γ < 0 "
+            f"| settled, {SETTLED} |", "|---|---|---|---|---|---|---|---|"]
     finals = [r['log'][-1]['val_loss'] if r['log'] else float('nan') for r in runs]
     for r, final in zip(runs, finals):
         best = min((e['val_loss'] for e in r['log']), default=float('nan'))
-        occupancy = '–' if r['config']['operator'] == 'attention' else f"{reports[r['name']]['occupancy']:.0%}"
+        occupancy = '– | –' if r['config']['operator'] == 'attention' else \
+            f"{reports[r['name']]['occupancy']:.0%} | {reports[r['name']]['inside_claim_b']:.0%}"
         rows.append(f"| {r['name']} | {r['config']['operator']} | {r['iter']} | {final:.4f} | {final - finals[0]:+.4f} "
                     f"| {best:.4f} | {occupancy} |")
     rows.append("\nOne run per variant: a difference means something only against the seed-to-seed spread of the "

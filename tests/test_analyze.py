@@ -12,7 +12,7 @@ import sources
 from common import save_checkpoint
 from sources import read_log
 from conftest import assert_one_line_error, run_script
-from model import GPT, GPTConfig
+from model import CLAIM_B, GPT, GPTConfig
 from lab.figures import walk_series
 
 # layer 0 holds both boundaries: γ = −1 counts as "below", γ = 0 as "above", neither in the corridor
@@ -63,13 +63,17 @@ def test_occupancy_counts_and_statistics_are_exact(tmp_path):
     assert layer1['delta_mean'] == pytest.approx(1.0)
     assert layer1['gamma'] == pytest.approx(GAMMA[1]) and layer0['delta'] == pytest.approx(DELTA[0])
     # the series at every evaluation, from log.jsonl: γ scaled by iter / 100 (γ = 0 at iter 0 is "above")
-    assert report['series'] == [dict(iter=0, occupancy=0.0, occupancy_by_layer=[0.0, 0.0, 0.0]),
-                                dict(iter=50, occupancy=pytest.approx(10 / 12),
-                                     occupancy_by_layer=pytest.approx([0.5, 1.0, 1.0])),
-                                dict(iter=100, occupancy=pytest.approx(8 / 12),
-                                     occupancy_by_layer=pytest.approx([0.25, 0.75, 1.0]))]
+    # settled, −1 < γ < −0.05: at iter 50 layer 2's −0.1 · 0.5 = −0.05 is in the corridor but not settled
+    assert report['series'] == [dict(iter=0, occupancy=0.0, inside_claim_b=0.0, occupancy_by_layer=[0.0, 0.0, 0.0],
+                                     inside_claim_b_by_layer=[0.0, 0.0, 0.0]),
+                                dict(iter=50, occupancy=pytest.approx(10 / 12), inside_claim_b=pytest.approx(9 / 12),
+                                     occupancy_by_layer=pytest.approx([0.5, 1.0, 1.0]),
+                                     inside_claim_b_by_layer=pytest.approx([0.5, 1.0, 0.75])),
+                                dict(iter=100, occupancy=pytest.approx(8 / 12), inside_claim_b=pytest.approx(8 / 12),
+                                     occupancy_by_layer=pytest.approx([0.25, 0.75, 1.0]),
+                                     inside_claim_b_by_layer=pytest.approx([0.25, 0.75, 1.0]))]
     summary = (run / 'analysis' / 'summary.md').read_text()
-    assert '| 0 | 25% | 1 | 2 |' in summary and 'layers after the first: 88%' in summary
+    assert '| 0 | 25% | 25% | 1 | 2 |' in summary and 'layers after the first: 88% and 88%' in summary
 
 
 def test_every_plot_is_written_for_one_run_and_for_several(tmp_path):
@@ -239,3 +243,41 @@ def test_evolution_names_each_head_once_and_every_gamma_panel_shows_the_corridor
     many = [dict(tokens=t, gamma=[[-0.1] * 11], delta=[[1.0] * 11]) for t in range(3)]
     fig = figures[analyze.plot_evolution(many, 'many.png', 'run')]
     assert not fig.legends and 'one line per head' in fig._suptitle.get_text()
+
+
+# γ a hair below 0 is in the corridor but not settled in it (γ = −0.05 itself neither: the interval is open)
+NEAR_ZERO = [[-0.01, -0.02, -0.5, 0.0], [-0.04, CLAIM_B, -0.3, -0.6]]
+
+
+def test_the_occupancy_figure_draws_the_settled_share_beside_the_corridors_as_the_report_gives_them(tmp_path,
+                                                                                                      figures):
+    run = fake_run(tmp_path / 'near', gamma=NEAR_ZERO, delta=[[1.0] * 4] * 2)
+    analyze.main([str(run)])
+    report = json.loads((run / 'analysis' / 'corridor.json').read_text())
+    assert [r['occupancy'] for r in report['layers']] == [0.75, 1.0]
+    assert [r['inside_claim_b'] for r in report['layers']] == [0.25, 0.5]
+    assert (report['occupancy'], report['inside_claim_b']) == (7 / 8, 3 / 8)
+    assert (report['occupancy_beyond_first'], report['inside_claim_b_beyond_first']) == (1.0, 0.5)
+    (ax,) = figures[str(run / 'analysis' / 'occupancy.png')].axes
+    bars = {c.get_label(): [p.get_height() for p in c.patches] for c in ax.containers}
+    corridor, settled = bars['near: in the corridor, −1 < γ < 0'], bars['near: settled, −1 < γ < −0.05 (claim (b))']
+    assert corridor == [r['occupancy'] for r in report['layers']]
+    assert settled == [r['inside_claim_b'] for r in report['layers']]
+    assert {label for label in legend_texts(ax.get_legend())} == set(bars)  # the legend names both
+    summary = (run / 'analysis' / 'summary.md').read_text()
+    assert 'settled, −1 < γ < −0.05' in summary and '| 0 | 75% | 25% | 0 | 1 |' in summary
+    assert 'all heads: 88% in the corridor, 38% settled' in summary
+
+
+def test_evolution_compares_layers_on_one_gamma_scale_and_one_delta_scale(figures):
+    """Layer 0's δ falls 1.0 → 0.8, layer 1's moves 0.98 → 1.03: both δ panels span both, as both γ panels span
+    layer 1's γ down to −1.4."""
+    log = [dict(tokens=t * 1000, gamma=[[-0.1 * t, -0.05 * t], [-0.35 * t, -0.2 * t]],
+                delta=[[1.0 - 0.05 * t, 1.0], [0.98 + 0.0125 * t, 1.0]]) for t in range(5)]
+    fig = figures[analyze.plot_evolution(log, 'evolution.png', 'run')]
+    gamma_panels = [ax for ax in fig.axes if ax.get_title().startswith('layer')]
+    delta_panels = [ax for ax in fig.axes if ax.axison and ax not in gamma_panels]
+    assert len(gamma_panels) == len(delta_panels) == 2
+    for panels, low, high in ((gamma_panels, -1.4, 0.0), (delta_panels, 0.8, 1.03)):
+        (limits,) = {ax.get_ylim() for ax in panels}  # one y-scale for the panels compared
+        assert limits[0] < low and limits[1] > high
