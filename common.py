@@ -282,11 +282,31 @@ def rng_untouched(device):
 DTYPES = ('auto', 'float32', 'bfloat16', 'float16')  # --dtype's choices, train.py's and sample.py's
 
 
-def resolve_dtype(dtype, device):
-    """'auto': bf16 where the GPU has it natively (capability ≥ 8), else float16 (a grad scaler); CPU, MPS float32."""
-    if dtype != 'auto' or not device.startswith('cuda'):
-        return 'float32' if dtype == 'auto' else dtype
-    return 'bfloat16' if torch.cuda.get_device_capability(torch.device(device))[0] >= 8 else 'float16'
+def resolve_dtype(dtype, device, n_embd=None):
+    """The autocast dtype --dtype names on device. 'auto': bf16 where the GPU has it natively (capability ≥ 8), else
+    float16 (a grad scaler); on a CPU, auto_cpu_dtype's choice for a model n_embd wide; MPS float32."""
+    if dtype != 'auto':
+        return dtype
+    if device.startswith('cuda'):
+        return 'bfloat16' if torch.cuda.get_device_capability(torch.device(device))[0] >= 8 else 'float16'
+    return auto_cpu_dtype(n_embd)[0] if device == 'cpu' else 'float32'
+
+
+# A CPU computes bfloat16 matmuls natively with AVX512-BF16 or AMX; without them PyTorch emulates bf16, slower than
+# float32. With them, bf16 pays once the matmuls are wide enough to outweigh the casts around them: lab/bench.py on
+# a Xeon with AMX trained n_embd 256 (3.3M parameters, 8 × 256 tokens) 2.2× faster in bf16, and the quick start's
+# n_embd 128 (0.8M, 12 × 64) at 0.77× of float32 (docs/speed.md).
+CPU_BF16_MIN_WIDTH = 256
+
+
+def auto_cpu_dtype(n_embd):
+    """dtype='auto' on a CPU, for a model n_embd wide (None: unknown): (dtype, why, as a clause for a run's header)."""
+    if not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
+        return 'float32', 'this CPU has no bfloat16 units, AVX512-BF16 or AMX'
+    if n_embd is None or n_embd < CPU_BF16_MIN_WIDTH:
+        return 'float32', (f"n_embd {n_embd} is under {CPU_BF16_MIN_WIDTH}, too narrow for this CPU's bfloat16 "
+                           "units to pay")
+    return 'bfloat16', f"this CPU has bfloat16 units and n_embd {n_embd} is at least {CPU_BF16_MIN_WIDTH}"
 
 
 # --sdpa_backend: which of F.scaled_dot_product_attention's kernels may run ('auto': PyTorch's own priority). On

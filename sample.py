@@ -28,7 +28,8 @@ DEFAULTS = dict(
     seed=1337,            # the sampling generator's seed
     use_cache=True,       # KV cache: the same tokens as recomputing every position, faster
     device='cuda' if torch.cuda.is_available() else 'cpu',  # 'cpu', 'cuda', 'cuda:N' or 'mps' (Apple silicon)
-    dtype='auto',         # 'auto': bfloat16 on GPUs that compute it natively, float16 on older ones; float32 on CPU, MPS
+    dtype='auto',         # 'auto': as train.py's (bfloat16 on GPUs that compute it natively, else float16; on a CPU
+                          # bfloat16 where it has bf16 units and n_embd >= 256, else float32; MPS float32)
 )
 
 
@@ -63,7 +64,7 @@ def main(argv):
         raise UserError("the prompt is empty: give at least one token with --start")
     device, device_type = cfg['device'], cfg['device'].split(':')[0]
     check_device(device)
-    dtype = resolve_dtype(cfg['dtype'], device)
+    dtype = resolve_dtype(cfg['dtype'], device, model.config.n_embd)
     autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
     model.eval().to(device)
     generator = torch.Generator(device=device).manual_seed(cfg['seed'])

@@ -23,8 +23,8 @@ import torch
 from tqdm import tqdm
 
 import run
-from common import (DTYPES, SDPA_BACKENDS, UserError, append_line, flops_per_token, main_guard, model_config,
-                    parse_config, peak_flops, resolve_dtype, save_checkpoint, saved_config, sdpa_backend)
+from common import (DTYPES, SDPA_BACKENDS, UserError, append_line, auto_cpu_dtype, flops_per_token, main_guard,
+                    model_config, parse_config, peak_flops, resolve_dtype, save_checkpoint, saved_config, sdpa_backend)
 from model import CLAIM_B, GPT, OPERATOR_DEFAULTS, OPERATOR_KEYS, OPERATORS, gamma_delta, in_corridor
 from sources import Data, check_tokenizer, load_checkpoint, load_model, model_from_checkpoint
 
@@ -76,7 +76,8 @@ DEFAULTS = dict(
     min_lr=6e-5,                   # the cosine's floor (nanoGPT: ~learning_rate / 10)
     # system
     device='cuda' if torch.cuda.is_available() else 'cpu',  # 'cpu', 'cuda', 'cuda:N', or 'mps' (Apple silicon)
-    dtype='auto',                  # 'auto': bfloat16 where the GPU has it natively, else float16; float32 on CPU, MPS
+    dtype='auto',                  # 'auto': bfloat16 where the GPU has it natively, else float16; on a CPU bfloat16
+                                   # where it has bf16 units and n_embd >= 256, else float32 (the header says); MPS float32
     compile=True,                  # torch.compile the model (Inductor; slower to start, faster per step on a GPU)
     sdpa_backend='auto',           # F.scaled_dot_product_attention's kernel: auto (PyTorch's pick), flash, efficient,
                                    # cudnn or math; one that can't run this model here fails at the start, in one line
@@ -294,8 +295,6 @@ def train(argv, held):
     """Config, processes, data, model and optimizer; then the loop. Returns main's exit status."""
     cfg, ckpt, given = resolve_config(argv)
     ddp, rank, world, device = held.enter_context(run.processes(cfg))
-    dtype, device_type = resolve_dtype(cfg.dtype, device), device.split(':')[0]
-    autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
     torch.manual_seed(cfg.seed)  # the same initial model on every rank: DDP does not broadcast the fixed scalars
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     if not ddp:  # (under torchrun, prepare first: ranks would race to write the same folder)
@@ -306,6 +305,9 @@ def train(argv, held):
     data_rng = torch.Generator().manual_seed(cfg.seed)
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
     raw_model, resumed = build_model(cfg, data, ckpt, given).to(device), ckpt is not None
+    dtype, device_type = resolve_dtype(cfg.dtype, device, raw_model.config.n_embd), device.split(':')[0]
+    why = f" (auto: {auto_cpu_dtype(raw_model.config.n_embd)[1]})" if cfg.dtype == 'auto' and device == 'cpu' else ''
+    autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type, getattr(torch, dtype))
     if rank > 0:  # built from one seed on every rank; each its own dropout masks from here
         torch.manual_seed(cfg.seed + rank)
     held.enter_context(sdpa_backend(cfg.sdpa_backend, raw_model, cfg.block_size, device, dtype, autocast))
@@ -326,7 +328,7 @@ def train(argv, held):
     logger = run.open_run_folder(cfg, DEFAULTS, resumed, start_iter, held) if rank == 0 else None
     if rank == 0:
         print(f"{raw_model.get_num_params() / 1e6:.2f}M parameters, operator {cfg.operator}, {tokens_per_iter:,} tokens"
-              f" per iteration, {device}, {dtype}, {world} process(es)" + f", resuming at iter {start_iter}" * resumed)
+              f" per iteration, {device}, {dtype}{why}, {world} process(es)" + f", resuming at iter {start_iter}" * resumed)
     window = run.LogWindow(device, cfg.max_iters, flops_per_token(raw_model, cfg.block_size, cfg.train_only == 'all')
                            * tokens_per_iter, tokens_per_iter, world, peak_flops(device, dtype))
 

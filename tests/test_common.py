@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from model import OPERATOR_DEFAULTS, OPERATOR_KEYS, OPERATORS
-from common import (UserError, WriteFailed, append_line, atomic_write, model_config, parse_config, peak_flops,
-                    peak_flops_of, resolve_dtype, save_checkpoint, saved_config)
+from common import (UserError, WriteFailed, append_line, atomic_write, auto_cpu_dtype, model_config, parse_config,
+                    peak_flops, peak_flops_of, resolve_dtype, save_checkpoint, saved_config)
 
 
 @pytest.mark.parametrize('name,bf16,tf32', [
@@ -200,6 +200,19 @@ def test_an_explicit_dtype_is_kept_on_any_gpu_and_on_the_cpu_and_auto_on_the_cpu
     for dtype in ('float32', 'bfloat16', 'float16'):
         assert resolve_dtype(dtype, 'cuda:0') == dtype and resolve_dtype(dtype, 'cpu') == dtype
     assert resolve_dtype('auto', 'cpu') == 'float32'
+
+
+@pytest.mark.parametrize('avx512_bf16,amx,n_embd,expected', [
+    (True, True, 256, 'bfloat16'), (True, False, 768, 'bfloat16'), (False, True, 256, 'bfloat16'),
+    (True, True, 255, 'float32'), (True, True, None, 'float32'), (False, False, 4096, 'float32')])
+def test_auto_dtype_on_a_cpu_is_bfloat16_only_with_bf16_units_and_n_embd_from_256(monkeypatch, avx512_bf16, amx,
+                                                                                   n_embd, expected):
+    """Either unit is enough (AMX without AVX512-BF16 exists); the width is the measured crossover; MPS stays float32
+    and a named dtype is kept."""
+    monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, '_is_amx_tile_supported', lambda: amx)
+    assert resolve_dtype('auto', 'cpu', n_embd) == auto_cpu_dtype(n_embd)[0] == expected
+    assert resolve_dtype('auto', 'mps', n_embd) == 'float32' and resolve_dtype('float16', 'cpu', n_embd) == 'float16'
 
 
 # ---------------------------------------------------------------------------------------------- writes that fail

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from common import model_config, parse_config
-from conftest import (REPO, TINY_TRAIN_ARGS, assert_one_line_error, run_in_process, run_script,
+from conftest import (REPO, TINY_TRAIN_ARGS, assert_one_line_error, run_in_process, run_script, synthetic_text,
                       tiny_llama_and_its_wikitext)
 from train import DEFAULTS
 
@@ -1482,3 +1482,85 @@ def test_a_form_with_a_key_of_its_own_is_one_entry_and_one_field_and_older_runs_
                 'kv_cached_generation_equals or weight_decay_never')
     assert tests.returncode == 0 and FORM in tests.stdout + run('-m', 'pytest', '--collect-only', '-q',
                                                                    'tests/test_model.py').stdout, tests.stdout[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------- bfloat16 on a CPU
+
+def fake_cpu_bf16_units(monkeypatch, present):
+    """This CPU with (AVX512-BF16 and AMX) or without bf16 units, as torch reports them."""
+    monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: present)
+    monkeypatch.setattr(torch.cpu, '_is_amx_tile_supported', lambda: present)
+
+
+def recorded_autocasts(monkeypatch):
+    """The dtypes of every torch.autocast train.py opens, in order."""
+    opened, autocast = [], torch.autocast
+
+    def recording(device_type, dtype=None, *args, **kwargs):
+        opened.append(dtype)
+        return autocast(device_type, dtype, *args, **kwargs)
+    monkeypatch.setattr(torch, 'autocast', recording)
+    return opened
+
+
+@pytest.mark.parametrize('units,n_embd,expected,why', [
+    (True, 256, 'bfloat16', 'this CPU has bfloat16 units and n_embd 256 is at least 256'),
+    (True, 128, 'float32', 'n_embd 128 is under 256, too narrow'),
+    (False, 256, 'float32', 'this CPU has no bfloat16 units, AVX512-BF16 or AMX')])
+def test_auto_dtype_on_a_cpu_trains_in_bfloat16_only_with_bf16_units_and_a_wide_model_and_says_why(
+        tiny_data_root, tmp_path, monkeypatch, capsys, units, n_embd, expected, why):
+    fake_cpu_bf16_units(monkeypatch, units)
+    opened = recorded_autocasts(monkeypatch)
+    capsys.readouterr()
+    train_in_process(monkeypatch, tiny_data_root, tmp_path / 'out', f'--n_embd={n_embd}', '--n_layer=1',
+                     '--batch_size=2', '--block_size=8', '--max_iters=2', '--eval_interval=2', '--dtype=auto')
+    header = next(line for line in capsys.readouterr().out.splitlines() if 'parameters, operator' in line)
+    assert f"cpu, {expected} (auto: {why}" in header, header
+    assert opened == ([torch.bfloat16] if expected == 'bfloat16' else [])
+    # a configured dtype always wins, and says no reason
+    capsys.readouterr()
+    train_in_process(monkeypatch, tiny_data_root, tmp_path / 'fp32', f'--n_embd={n_embd}', '--n_layer=1',
+                     '--batch_size=2', '--block_size=8', '--max_iters=2', '--eval_interval=2', '--dtype=float32')
+    assert 'cpu, float32, 1 process(es)' in capsys.readouterr().out
+
+
+def test_a_bfloat16_run_learns_keeps_its_scalars_float32_resumes_exactly_and_every_reader_reads_it(
+        tiny_data_root, tmp_path, monkeypatch, capsys):
+    """--dtype=bfloat16 on a CPU (emulated where it has no bf16 units: the same numbers, slower)."""
+    import model as model_module
+    import train as train_module
+    seen, apply_operator = set(), model_module.apply_operator
+
+    def recording(c_I, c_P, v, pv):
+        out = apply_operator(c_I, c_P, v, pv)
+        seen.add((c_I.dtype, c_P.dtype, pv.dtype, out.dtype))
+        return out
+    monkeypatch.setattr(model_module, 'apply_operator', recording)
+    common = ['--operator=corridor', '--dtype=bfloat16', '--dropout=0.1', '--eval_interval=10', '--lr_decay_iters=40']
+    whole, parts = tmp_path / 'whole', tmp_path / 'parts'
+    train_in_process(monkeypatch, tiny_data_root, whole, *common, '--max_iters=40')
+    # the operator's scalars and its line in float32, as on a GPU: P·V arrives in bf16, the sum is float32
+    assert seen == {(torch.float32, torch.float32, torch.bfloat16, torch.float32)}
+    log = read_log(whole)
+    assert log[-1]['val_loss'] < log[0]['val_loss'] - 0.5
+    saved = torch.load(whole / 'ckpt.pt', weights_only=True)
+    assert {t.dtype for t in saved['model'].values()} == {torch.float32}  # autocast's master weights
+    assert saved['config']['dtype'] == 'bfloat16'
+    train_in_process(monkeypatch, tiny_data_root, parts, *common, '--max_iters=20')
+    capsys.readouterr()
+    train_module.main(['--init_from=resume', f'--out_dir={parts}', '--max_iters=40'])
+    assert 'cpu, bfloat16, 1 process(es), resuming at iter 20' in capsys.readouterr().out
+    assert read_log(parts) == log
+    a, b = (torch.load(p / 'ckpt.pt', weights_only=True)['model'] for p in (whole, parts))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    (tmp_path / 'text.txt').write_text(synthetic_text(200, seed=5))
+    for script, *args in (('sample.py', f'--out_dir={whole}', '--num_samples=1', '--max_new_tokens=8', '--device=cpu',
+                           '--dtype=bfloat16'),
+                          ('analyze.py', whole, '--out', tmp_path / 'analysis'),
+                          ('lab.walk', whole, '--text', tmp_path / 'text.txt', '--n_seqs', '4', '--seq_len', '16',
+                           '--out', tmp_path / 'walk')):
+        result = run_script(script, *args, cwd=tmp_path)
+        assert result.returncode == 0, (script, result.stderr[-2000:])
+    assert json.loads((tmp_path / 'walk' / 'diagnostics.json').read_text())[whole.name]['sequences'] == 4
+    report = json.loads((tmp_path / 'analysis' / 'whole' / 'corridor.json').read_text())
+    assert report['layers'][0]['gamma'] == pytest.approx(log[-1]['gamma'][0])
