@@ -37,6 +37,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from types import SimpleNamespace
 
@@ -46,7 +47,7 @@ from tqdm import tqdm
 from common import PEAK_FLOPS, REPO, UserError, atomic_write, flops_per_token, main_guard, model_config, parse_config, \
     resolve_dtype
 from model import GPT
-from sources import Data, check_tokenizer
+from sources import Data, check_tokenizer, read_run_config
 from train import DEFAULTS as TRAIN_DEFAULTS  # train.py's config keys and defaults: every run a study plans is checked against them
 
 from lab import launch, pretrained
@@ -87,6 +88,12 @@ def plan_runs(parts, out_root, base, train_args, need_data=True):
                     raise UserError("a study reads every run's final state from its ckpt.pt: leave "
                                     "always_save_checkpoint=True")
                 model_config({**config, 'vocab_size': 256})
+                if os.path.isfile(os.path.join(out_dir, 'config.json')):  # a run there already: its numbers and
+                    trained = read_run_config(out_dir)['dtype']              # these would mix two precisions
+                    if trained != config['dtype']:
+                        raise UserError(f"{out_dir} trained with dtype={trained!r}, and this study now asks for "
+                                        f"{config['dtype']!r}: a study's dtype is part of its setting, so give "
+                                        f"another --out_root (or pass -- --dtype={trained!r})")
                 meta = os.path.join(config['data_root'], config['dataset'], 'meta.json')
                 if need_data and not os.path.isfile(meta):
                     raise UserError(f"setting {part.setting or base} needs {meta}: run `python prepare.py "
@@ -352,7 +359,7 @@ def frozen_gamma_losses(setting, out_root, gammas=PRETRAINED_GAMMAS, seed=FROZEN
         data = Data(cfg.data_root, cfg.dataset, cfg.block_size, cfg.batch_size, cfg.device)
         model, _ = pretrained.load_pretrained(cfg.init_from, operator='corridor', learn_gamma=False, learn_delta=False)
         check_tokenizer(model, data.meta, data.dir)
-        dtype = resolve_dtype(cfg.dtype, cfg.device)  # as train.py: its autocast, its compiled model
+        dtype = resolve_dtype(cfg.dtype, cfg.device, model.config.n_embd)  # as train.py: its autocast, compiled model
         autocast = contextlib.nullcontext() if dtype == 'float32' else \
             torch.autocast(cfg.device.split(':')[0], getattr(torch, dtype))
         model = model.to(cfg.device).eval()
@@ -380,8 +387,13 @@ def frozen_gamma_losses(setting, out_root, gammas=PRETRAINED_GAMMAS, seed=FROZEN
 
 # ------------------------------------------------------------------------------------------------ command line
 
+# --help: the docstring, then the studies from STUDIES, the table an unknown --study is checked against, then the keys
+__doc__ += "\nStudies, --study=NAME (the table: lab/studies.py's STUDIES; [GPU too]: it has --gpu=True parts):\n" + \
+    '\n'.join(textwrap.fill(study.question + (' [GPU too]' if study.gpu_parts else ''), 118,
+                             initial_indent=f'  {name:<24} ', subsequent_indent=' ' * 27) for name, study in STUDIES.items())
+
 DEFAULTS = dict(
-    study='claims',                # a STUDIES key; ignored when variants is given (an ad hoc sweep)
+    study='claims',                # one of the studies listed above (STUDIES); ignored when variants is given (ad hoc)
     gpu=False,                     # the study's one-GPU parts (OpenWebText) instead of its CPU parts
     variants='',                   # ad hoc: comma-separated variant specs, trained from base into out_root
     base=CPU,                      # ad hoc: the train.py config every run starts from

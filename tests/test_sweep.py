@@ -6,13 +6,16 @@ import json
 import math
 import re
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
 
 from lab import reports, stats, studies, study_figures, sweep
 from conftest import REPO, TINY_TRAIN_ARGS, assert_one_line_error, run_script, tiny_llama_and_its_wikitext
+from common import UserError, parse_config
 from model import GPT, GPTConfig
+from train import DEFAULTS as TRAIN_DEFAULTS
 
 TINY_RUN = [*TINY_TRAIN_ARGS, '--max_iters=6', '--lr_decay_iters=6', '--eval_interval=3', '--eval_iters=2',
             '--walk_interval=3', '--walk_seqs=2']
@@ -186,6 +189,22 @@ def test_every_study_plans_valid_runs_on_cpu_and_gpu(tiny_data_root):
     shared = [name for name, study in studies.STUDIES.items()
               if any(p.setting == 'shakespeare_char/small' and 'attention' in p.variants for p in study.parts)]
     assert len(shared) >= 2
+
+
+def test_a_study_refuses_a_dtype_other_than_the_one_its_existing_runs_trained_with(tiny_data_root, tmp_path):
+    """The published CPU studies train in float32 (their base config names it): a bfloat16 run planned into their
+    folders would mix two precisions in one comparison."""
+    data = [f'--data_root={tiny_data_root}', '--dataset=tiny']
+    parts = studies.STUDIES['claims'].parts
+    runs = sweep.plan_runs(parts, str(tmp_path), studies.CPU, data)
+    assert {parse_config(TRAIN_DEFAULTS, args)['dtype'] for _, args in runs.values()} == {'float32'}
+    out_dir = Path(next(iter(runs.values()))[0])
+    out_dir.mkdir(parents=True)
+    (out_dir / 'config.json').write_text(json.dumps(dict(operator='attention', dtype='float32')))
+    assert sweep.plan_runs(parts, str(tmp_path), studies.CPU, data).keys() == runs.keys()
+    with pytest.raises(UserError, match=re.escape(f"{out_dir} trained with dtype='float32', and this study now asks "
+                                                  "for 'bfloat16'") + ".*another --out_root"):
+        sweep.plan_runs(parts, str(tmp_path), studies.CPU, [*data, '--dtype=bfloat16'])
 
 
 def test_the_replication_uses_seeds_no_other_study_uses(tiny_data_root):
@@ -458,6 +477,22 @@ def test_a_gpu_preset_starts_and_logs_on_cpu_with_tiny_overrides(tiny_data_root,
 def test_bad_input_is_one_line(tmp_path, args, message):
     assert_one_line_error(run_script('lab.sweep', f'--out_root={tmp_path}', *args, cwd=REPO), message)
     assert not any(tmp_path.iterdir())
+
+
+def test_help_lists_every_study_with_its_question_and_a_wrong_name_lists_the_same(tmp_path):
+    """`python -m lab.sweep --help` lists the studies of STUDIES (the table --study is checked against), each once with
+    its question and whether it has GPU parts; the error for a wrong name lists the same names in the same order."""
+    result = run_script('lab.sweep', '--help', cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    section = result.stdout.split('\nStudies, --study=NAME')[1].split('\n\n')[0]
+    listed = re.findall(r'^  (\w+) +(.*)$', section, re.M)
+    assert [name for name, _ in listed] == list(studies.STUDIES)
+    flat = ' '.join(section.split())
+    for name, study in studies.STUDIES.items():
+        question = ' '.join(study.question.split())
+        assert f"{name} {question}" in flat and (f"{question} [GPU too]" in flat) == bool(study.gpu_parts), name
+    error = run_script('lab.sweep', '--study=scale', f'--out_root={tmp_path}', cwd=REPO)
+    assert_one_line_error(error, f"(choose from {', '.join(name for name, _ in listed)})")
 
 
 def test_the_slurm_launcher_on_a_machine_without_slurm_is_one_line_and_writes_nothing(tiny_data_root, tmp_path):
