@@ -31,14 +31,16 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True           # biases in Linears and LayerNorms, as GPT-2
-    operator: str = 'attention'  # the attention operator, a key of OPERATORS; which keys below it reads: its entry
+    operator: str = 'attention'  # the attention operator: a form of model.py's OPERATORS table (a wrong name lists
+                                 # them); each form reads only the keys its entry names, and refuses another key
+                                 # set to anything but its default
     laplacian_heads: int = 1    # laplacian: the last this-many heads of every layer use I − P
     gamma_init: float = 0.0     # γ0 of every head, converted to the form's own scalars (0: start as attention)
     delta_init: float = 1.0     # δ0 of every head
     init_spread: float = 0.0    # γ0 of each head drawn uniformly from gamma_init ± init_spread
     learn_gamma: bool = True    # corridor: False makes γ a fixed buffer
     learn_delta: bool = True    # corridor: False makes δ a fixed buffer
-    gamma_nonneg: bool = False  # corridor: γ ≥ 0 always (claim (c); see NonNegative)
+    gamma_nonneg: bool = False  # corridor: keep every head's γ ≥ 0 while training (clamped at 0): claim (c)'s ablation
     operator_lr_mult: float = 1.0  # learning-rate multiplier of the operator's scalars (a training setting)
 
 

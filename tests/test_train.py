@@ -1564,3 +1564,30 @@ def test_a_bfloat16_run_learns_keeps_its_scalars_float32_resumes_exactly_and_eve
     assert json.loads((tmp_path / 'walk' / 'diagnostics.json').read_text())[whole.name]['sequences'] == 4
     report = json.loads((tmp_path / 'analysis' / 'whole' / 'corridor.json').read_text())
     assert report['layers'][0]['gamma'] == pytest.approx(log[-1]['gamma'][0])
+
+
+# ---------------------------------------------------------------------------------------------- --help
+
+def help_entry(text, key):
+    """A key's meaning in --help's key list, its wrapped lines joined."""
+    lines = text.splitlines()
+    first = next(n for n, line in enumerate(lines) if line.startswith(f'  {key}='))
+    last = next(n for n in range(first + 1, len(lines) + 1) if n == len(lines) or not lines[n].startswith(' ' * 33))
+    return ' '.join(' '.join(lines[first:last]).split()[1:])  # without `key=default`
+
+
+def test_help_says_what_operator_and_gamma_nonneg_do_and_the_command_line_does_it(tiny_data_root, tmp_path, capsys):
+    """`python train.py --help`: operator names a form of model.py's OPERATORS, a wrong name lists every form, and a
+    form refuses another form's key; gamma_nonneg is the corridor's γ ≥ 0 (claim (c)), which another form refuses."""
+    from model import OPERATORS
+    text = run_script('train.py', '--help', cwd=tmp_path).stdout
+    operator, nonneg = help_entry(text, 'operator'), help_entry(text, 'gamma_nonneg')
+    assert "a form of model.py's OPERATORS table (a wrong name lists them)" in operator
+    assert 'each form reads only the keys its entry names' in operator
+    assert nonneg.startswith('corridor: keep every head') and 'γ ≥ 0' in nonneg and 'claim (c)' in nonneg
+    common = [*TINY_TRAIN_ARGS, f'--data_root={tiny_data_root}', f'--out_dir={tmp_path / "out"}', '--max_iters=5']
+    status, err = in_process([*common, '--operator=nope'], capsys)
+    assert status == 2 and err.strip().endswith(f"(choose from {', '.join(OPERATORS)})"), err
+    status, err = in_process([*common, '--operator=alpha', '--gamma_nonneg=True'], capsys)
+    assert status == 2 and 'gamma_nonneg is read by corridor' in err, err
+    assert not (tmp_path / 'out').exists()
