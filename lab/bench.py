@@ -189,16 +189,19 @@ def load_baseline(spec):
     return module
 
 
-def bench_training(p, device, autocast, results, baseline=None):
+def bench_training(p, device, autocast, results, baseline=None, versus=None):
     """Training-step throughput, memory and (GPU) MFU of every form, eager and compiled, interleaved; with a
-    baseline model module (load_baseline), the same variants built from it too, same weights, same rounds.
+    baseline model module (load_baseline), the same variants built from it too, same weights, same rounds; with
+    versus (an autocast for another dtype, p['versus_dtype']), the same variants in that dtype too, likewise.
 
     The compiled variants are the graphs train.py runs: static shapes. Dynamo marks a dimension dynamic once it
     has seen the same code (GPT.forward, whatever the model object) at two sizes, so an earlier compile in this
     process at another batch size would otherwise make these graphs dynamic in the batch dimension."""
     torch._dynamo.reset()
     variants = {}
-    sources = {'': sys.modules[GPT.__module__]} | ({'baseline': baseline} if baseline else {})
+    sources = {'': sys.modules[GPT.__module__]} | ({'baseline': baseline} if baseline else {}) | \
+        ({p.get('versus_dtype'): sys.modules[GPT.__module__]} if versus else {})
+    autocasts = {'': autocast, 'baseline': autocast, p.get('versus_dtype'): versus}
     for mode in p['modes']:  # a mode's forms side by side: the two timings of a ratio are neighbours in every round
         for form in p['forms']:
             for tag, module in sources.items():
@@ -209,13 +212,14 @@ def bench_training(p, device, autocast, results, baseline=None):
                     **(dict(gamma_init=-0.3, init_spread=0.2) if module.OPERATORS[form].learnable else {}))).to(device)
                 optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), 'cuda' if device.startswith('cuda') else 'cpu')
                 key = (form, mode) if not tag else (form, mode, tag)
-                variants[key] = (model, torch.compile(model, dynamic=False) if mode == 'compiled' else model, optimizer)
+                variants[key] = (model, torch.compile(model, dynamic=False) if mode == 'compiled' else model, optimizer,
+                                 tag)
     idx = torch.randint(0, p['vocab_size'], (p['batch_size'], p['block_size'] + 1), device=device)
     x, y = idx[:, :-1], idx[:, 1:]
 
     def step(variant):
-        model, run, optimizer = variant
-        with autocast():
+        model, run, optimizer, tag = variant
+        with autocasts[tag]():
             _, loss = run(x, y)
         loss.backward()
         optimizer.step()
@@ -230,7 +234,7 @@ def bench_training(p, device, autocast, results, baseline=None):
             step(variant)
         memory[key] = m.bytes
         kernels[key] = sdpa_kernels(lambda: step(variant))
-        print(f"  warm-up {key[0]:>10} {key[1]:>8}{' (baseline)' if len(key) > 2 else ''}: {warm:6.1f} s (first step, "
+        print(f"  warm-up {key[0]:>10} {key[1]:>8}{f' ({key[2]})' if len(key) > 2 else ''}: {warm:6.1f} s (first step, "
               f"with compile); SDPA kernel: {', '.join(kernels[key]) or 'none'}")
     times, order = {key: [] for key in variants}, list(variants.items())
     for r in range(p['rounds']):
@@ -247,7 +251,7 @@ def bench_training(p, device, autocast, results, baseline=None):
     print(f"  {'form':>10} {'mode':>8} {'tokens/s':>12} {'vs attention':>21} {'memory MB':>10} {'vs attention':>13}"
           + ('  MFU' if peak else ''))
     for key, t in times.items():
-        if len(key) > 2:  # the baseline's rows: below
+        if len(key) > 2:  # the baseline's and the other dtype's rows: below
             continue
         form, mode = key
         tps = per_second(tokens, t)  # t: seconds a step
@@ -271,6 +275,19 @@ def bench_training(p, device, autocast, results, baseline=None):
             print(f"  {form:>10} {mode:>8} {fmt_ratio(speed):>23} {mem:>19.3f}")
             results['training'][f'{form}/{mode}'].update(throughput_vs_baseline=speed[0],
                                                          throughput_vs_baseline_ci=list(speed[1:]), memory_vs_baseline=mem)
+    if versus:
+        other = p['versus_dtype']
+        print(f"\n  {p['dtype']} against {other} (the same variants in {other}, interleaved in every round):")
+        print(f"  {'form':>10} {'mode':>8} {other + ' tokens/s':>17} {'throughput vs ' + other:>23} "
+              f"{'memory vs ' + other:>19}")
+        for form, mode in (key for key in times if len(key) == 2):
+            speed = throughput_ratio(times[(form, mode, other)], times[(form, mode)])
+            mem = memory[(form, mode)] / memory[(form, mode, other)]
+            print(f"  {form:>10} {mode:>8} {per_second(tokens, times[(form, mode, other)]):>17,.0f} "
+                  f"{fmt_ratio(speed):>23} {mem:>19.3f}")
+            results['training'][f'{form}/{mode}'].update(versus_dtype=other, throughput_vs_dtype=speed[0],
+                                                         throughput_vs_dtype_ci=list(speed[1:]),
+                                                         memory_vs_dtype=mem)
 
 
 def headline(results):
@@ -558,6 +575,9 @@ def run(argv, stack):
     parser.add_argument('--modes', help="comma-separated: eager, compiled (default: both)")
     parser.add_argument('--dtype', choices=['float32', 'bfloat16', 'float16'],
                         help="autocast dtype (default: the preset's on a GPU, float32 on CPU)")
+    parser.add_argument('--versus_dtype', choices=['float32', 'bfloat16', 'float16'],
+                        help="also time the training step in this dtype, interleaved, and print --dtype's throughput "
+                        "over it (e.g. --dtype=bfloat16 --versus_dtype=float32: what bf16 gains on this CPU)")
     parser.add_argument('--sdpa_backend', default='auto', help="SDPA kernel: auto, flash, efficient, cudnn, math")
     parser.add_argument('--skip', help='comma-separated parts to skip: '
                         "training,epilogue,train_runs,compile_check,paths,kv_cache,walk (default: the preset's, if any)")
@@ -608,9 +628,12 @@ def run(argv, stack):
     except UserError as e:
         sys.exit(f"error: {e}")
 
-    def autocast():
+    def autocast(dtype=dtype):
         return torch.autocast(device.split(':')[0], dtype=dtype, enabled=dtype != torch.float32)
-    p = {**p, 'dtype': str(dtype).removeprefix('torch.')}
+    p = {**p, 'dtype': str(dtype).removeprefix('torch.'), 'versus_dtype': args.versus_dtype}
+    if args.versus_dtype == p['dtype']:
+        sys.exit(f"error: --versus_dtype={args.versus_dtype} is --dtype itself: name another")
+    versus = (lambda: autocast(getattr(torch, args.versus_dtype))) if args.versus_dtype else None
     os.makedirs(args.out_dir, exist_ok=True)
     path = args.json or os.path.join(args.out_dir, f'bench_{args.preset}.json')
     print(f"lab/bench.py --preset {args.preset} on {name}, {torch.get_num_threads()} threads, torch {torch.__version__}")
@@ -621,7 +644,7 @@ def run(argv, stack):
         with atomic_write(path) as f:
             json.dump(results, f, indent=1)
     if 'training' not in skip:
-        bench_training(p, device, autocast, results, load_baseline(args.baseline) if args.baseline else None)
+        bench_training(p, device, autocast, results, load_baseline(args.baseline) if args.baseline else None, versus)
         if 'corridor/compiled' in results['training']:
             print(headline(results))  # here, not only at the end: a run cut short keeps it
         save()

@@ -128,6 +128,24 @@ def test_a_faster_corridor_has_a_ratio_above_1_in_the_table_and_the_csv(monkeypa
                                   [float(r['corridor_seconds']) for r in rows])[0] == pytest.approx(1.25, rel=1e-6)
 
 
+def test_versus_dtype_times_the_same_variants_in_another_dtype_each_under_its_own_autocast(monkeypatch):
+    """--dtype=bfloat16 --versus_dtype=float32: each form also built and stepped in float32, interleaved; here a
+    float32 step is timed at twice a bf16 one, so bf16's throughput over float32's is 2 exactly. The warm-up steps
+    run for real, so the memory ratio is bf16's own: its saved activations take half float32's bytes."""
+    def fake_timed(fn, device, repeats=1):
+        return 2.0 if inspect.getclosurevars(fn).nonlocals['variant'][3] == 'float32' else 1.0
+    monkeypatch.setattr(bench, 'timed', fake_timed)
+    p = {**bench.PRESETS['tiny'], 'modes': ('eager',), 'rounds': 2, 'steps': 1, 'dtype': 'bfloat16',
+         'versus_dtype': 'float32'}
+    results = dict(device='CPU', threads=1, torch=torch.__version__, training={})
+    bench.bench_training(p, 'cpu', lambda: torch.autocast('cpu', dtype=torch.bfloat16), results,
+                         versus=lambda: torch.autocast('cpu', dtype=torch.float32, enabled=False))
+    for form in p['forms']:
+        entry = results['training'][f'{form}/eager']
+        assert entry['versus_dtype'] == 'float32' and entry['throughput_vs_dtype'] == pytest.approx(2.0, rel=1e-12)
+        assert 0.5 <= entry['memory_vs_dtype'] < 0.8
+
+
 def test_corridor_settled_preset_is_the_studys_model_batch_and_thread():
     """The preset times what configs/_sweep_cpu.py trained in the corridor_settled study (on WikiText-2 (char), 409
     characters) at lab/sweep.py --parallel=2's one thread a run; a bad --pairs_csv or --threads is one line."""
