@@ -8,7 +8,10 @@ Train a GPT whose attention heads use one operator of the family in model.py.
 
 Every key of DEFAULTS can be set by a config file (plain Python, `key = value`), then by `--key=value`. The run
 folder gets config.json, log.jsonl (a line per evaluation, every head's γ/δ) and ckpt.pt. Ctrl-C (or SIGTERM) saves
-at the end of the iteration and stops; a second aborts. Around the loop, one call each: run.py.
+at the end of the iteration and stops; a second aborts. What the loop stands on is in run.py, one call each from
+here: the data (a small known corpus prepared if missing), the processes (DDP; a fault in one line), the run folder
+(its lock, config.json, log.jsonl), the checkpoint's state (all an exact resume needs), the stops (Ctrl-C, SIGTERM),
+and the speed and ETA of the log line.
 """
 
 import json
