@@ -9,13 +9,14 @@ Keys as in train.py: a config file and/or --key=value.
 """
 
 import os
+import shlex
 import sys
 from contextlib import nullcontext
 
 import torch
 
 from common import DTYPES, UserError, check_device, main_guard, parse_config, resolve_dtype
-from sources import load_model, tokenizer_from_meta
+from sources import is_run_folder, load_model, tokenizer_from_meta
 
 DEFAULTS = dict(
     init_from='resume',   # 'resume': out_dir/ckpt.pt; or a GPT-2 name ('gpt2', 'gpt2-medium', ...) or local folder
@@ -34,6 +35,12 @@ DEFAULTS = dict(
 
 
 def main(argv):
+    for arg in argv:  # parse_config reads an argument without -- as a config file; a folder there is a model to sample
+        if not arg.startswith('--') and os.path.isdir(arg):
+            flag = shlex.quote(f'--out_dir={arg}')
+            raise UserError(f"{arg!r} is a run folder, not a config file (did you mean {flag}?)" if is_run_folder(arg)
+                            else f"{arg!r} is a folder, not a config file: sample a run folder with --out_dir=FOLDER, "
+                            "a transformers model folder with --init_from=FOLDER")
     cfg = parse_config(DEFAULTS, argv, optional=('top_k',))
     if 'out_dir' in cfg.given and cfg['init_from'] != 'resume':
         raise UserError(f"out_dir names the run folder to sample with init_from='resume'; init_from={cfg['init_from']!r}"

@@ -67,6 +67,26 @@ def test_a_run_folder_that_saved_no_checkpoint_is_named_so_with_when_it_saves_on
                           "run its train.py command again")
 
 
+def test_a_run_folder_given_where_a_config_file_goes_suggests_out_dir_and_the_suggestion_samples(trained_run,
+                                                                                                   unsaved_run, tmp_path):
+    """`python sample.py out-shakespeare-char`: the folder is named a run folder, with the --out_dir flag that samples
+    it (quoted for the shell where the name needs it), which then does; any other folder gets both ways to name one."""
+    result = run_script('sample.py', trained_run.name, '--device=cpu', cwd=trained_run.parent)
+    assert_one_line_error(result, f"'{trained_run.name}' is a run folder, not a config file "
+                                  f"(did you mean --out_dir={trained_run.name}?)")
+    suggested = result.stderr.split('did you mean ')[1].split('?)')[0]
+    assert samples(run_script('sample.py', suggested, '--num_samples=1', '--max_new_tokens=3', '--device=cpu',
+                              cwd=trained_run.parent))
+    spaced = tmp_path / 'my run'
+    spaced.mkdir()
+    (spaced / 'log.jsonl').write_bytes((unsaved_run / 'log.jsonl').read_bytes())  # a run's first moment
+    assert_one_line_error(run_script('sample.py', 'my run', cwd=tmp_path), "(did you mean '--out_dir=my run'?)")
+    (tmp_path / 'weights').mkdir()
+    assert_one_line_error(run_script('sample.py', 'weights', cwd=tmp_path), "'weights' is a folder, not a config file",
+                          '--out_dir=FOLDER', '--init_from=FOLDER')
+    assert_one_line_error(run_script('sample.py', 'nowhere.py', cwd=tmp_path), "config file 'nowhere.py' not found")
+
+
 def test_out_dir_is_refused_where_init_from_does_not_read_it(trained_run, tmp_path):
     """--out_dir names the run to sample only with init_from='resume' (the default): set beside another source it
     would be ignored, so it is one line, even when set to its default."""
