@@ -7,6 +7,7 @@ import ast
 import difflib
 import json
 import os
+import shlex
 import sys
 from contextlib import contextmanager, nullcontext, suppress
 
@@ -75,8 +76,12 @@ def parse_config(defaults, argv, optional=(), hints=None):
                 value = text  # a bare string (--operator=corridor); a wrong type is reported below
             assign(key, value, 'the command line')
         else:
+            if os.path.isdir(arg) and {'init_from', 'out_dir'} <= defaults.keys():  # a run folder where a file goes
+                raise UserError(f"{arg!r} is a folder, not a config file (a run folder is a key's value: "
+                                f"--init_from=resume --out_dir={shlex.quote(arg)} resumes its run, "
+                                f"--init_from={shlex.quote(arg)} starts from its weights)")
             if not os.path.isfile(arg):
-                raise UserError(f"config file {arg!r} not found")
+                raise UserError(f"config file {arg!r} {'is a folder' if os.path.isdir(arg) else 'not found'}")
             namespace = {}
             try:  # utf-8-sig: a BOM, which Python itself accepts in a source file
                 with open(arg, encoding='utf-8-sig') as f:

@@ -46,6 +46,8 @@ def key_help(defaults, script):
         if group != heading and group:
             lines.append(f"\n{group}")
         heading = group or heading
+        if key == 'operator':  # its choices read from the table, so a sixth form is listed with no second list
+            meaning = f"{meaning.rstrip('.')}; the forms: {', '.join(model.OPERATORS)}"
         lines.append(textwrap.fill(meaning, 118, initial_indent=f"  {f'{key}={value!r}':<30} ",
                                    subsequent_indent=' ' * 33) if meaning else f"  {key}={value!r}")
     return '\n'.join(lines)

@@ -54,6 +54,8 @@ def summarize(loaded, variants):
                      occupancy_by_layer=[statistics.fmean(o['layers'][i]['occupancy'] for o in occupancy)
                                          for i in range(n_layer)],
                      occupancy_beyond_first=statistics.fmean(o['occupancy_beyond_first'] or 0 for o in occupancy),
+                     inside_claim_b_by_layer=[statistics.fmean(o['layers'][i]['inside_claim_b'] for o in occupancy)
+                                              for i in range(n_layer)],
                      gamma_mean=statistics.fmean(loaded[(variant, s)]['gamma'].mean().item() for s in seeds),
                      delta_mean=statistics.fmean(loaded[(variant, s)]['delta'].mean().item() for s in seeds),
                      params=first['params'], non_embedding_params=first.get('non_embedding') or
@@ -133,7 +135,8 @@ def setting_figures(setting, loaded, summary, out):
     os.makedirs(folder, exist_ok=True)
     variants = list(summary)
     plot_sweep_losses(loaded, variants, os.path.join(folder, 'val_loss.png'), setting)
-    learnable = {v: dict(layers=[dict(layer=i, occupancy=x) for i, x in enumerate(e['occupancy_by_layer'])])
+    learnable = {v: dict(layers=[dict(layer=i, occupancy=x, inside_claim_b=y) for i, (x, y) in
+                                 enumerate(zip(e['occupancy_by_layer'], e['inside_claim_b_by_layer']))])
                  for v, e in summary.items() if e['operator_scalars']}
     attention = [v for v, e in summary.items() if not e['operator_scalars']]  # named in the figures, as analyze.py's
     if learnable:

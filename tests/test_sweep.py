@@ -803,6 +803,25 @@ def assert_cell(text, differences, words, family_size=1):
     assert prefix in text and text.split(prefix, 1)[1].split(': ', 1)[1].startswith(words), (prefix, words, text)
 
 
+def test_a_studys_occupancy_figure_draws_the_settled_share_beside_the_corridors(monkeypatch, tmp_path):
+    """Seed means by layer of both shares, as analyze.py draws one run's: here the corridor's head at γ = −0.03 is in
+    the corridor (−1 < γ < 0) but not settled in it (γ < −0.05), so the two differ where it is."""
+    loaded = {(v, s): fake_run(v, s) for v in ('attention', 'corridor') for s in range(2)}
+    for s in range(2):
+        loaded[('corridor', s)]['gamma'][0] = torch.tensor([-0.03, -0.5])
+    summary = reports.summarize(loaded, ['attention', 'corridor'])
+    assert summary['corridor']['occupancy_by_layer'][0] == 1.0
+    assert summary['corridor']['inside_claim_b_by_layer'][0] == 0.5
+    drawn = {}
+    monkeypatch.setattr(reports, 'plot_occupancy', lambda runs, path, attention=(): drawn.update(runs=runs))
+    monkeypatch.setattr(reports, 'plot_sweep_losses', lambda *args: None)
+    monkeypatch.setattr(reports, 'plot_evolution', lambda *args: None)
+    reports.setting_figures('tiny/a', loaded, summary, str(tmp_path))
+    layers = drawn['runs']['corridor']['layers']
+    assert [r['occupancy'] for r in layers] == summary['corridor']['occupancy_by_layer']
+    assert [r['inside_claim_b'] for r in layers] == summary['corridor']['inside_claim_b_by_layer']
+
+
 def test_claims_report_states_the_paired_differences_and_occupancy(fake_study, tmp_path):
     lines = report_of(study_figures.claims_figures, fake_study, tmp_path, 'claims')
     a = next(line for line in lines if line.startswith('- a: learnable δ(γI+P) lowers val loss vs attention: '))

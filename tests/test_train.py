@@ -240,6 +240,20 @@ def test_scratch_run_refuses_to_overwrite_a_checkpoint(tiny_data_root, finished_
     assert digest(finished_run) == before
 
 
+def test_a_run_folder_given_as_a_config_file_is_one_line_naming_the_commands_that_work(tiny_data_root, finished_run):
+    """`python train.py out` (the folder where a config file goes): the line names the two keys that take a run folder,
+    and the resume it names, run as printed, continues the run."""
+    result = run_script('train.py', finished_run.name, cwd=finished_run.parent)
+    assert_one_line_error(result, f"'{finished_run.name}' is a folder, not a config file")
+    resume = re.search(r'(--init_from=resume --out_dir=\S+) resumes its run', result.stderr)[1].split()
+    assert f'--init_from={finished_run.name} starts from its weights' in result.stderr
+    resumed = run_script('train.py', *resume, f'--data_root={tiny_data_root}', '--max_iters=12', '--lr_decay_iters=12',
+                         cwd=finished_run.parent)
+    assert resumed.returncode == 0 and 'resuming at iter 10' in resumed.stdout, resumed.stderr[-2000:]
+    from model import OPERATORS  # --help lists the forms from the table itself
+    assert f"the forms: {', '.join(OPERATORS)}" in ' '.join(run_script('train.py', '--help', cwd=REPO).stdout.split())
+
+
 @pytest.mark.parametrize('damage', ['truncate', 'garbage'])
 def test_corrupt_checkpoint_is_one_line_on_resume(tiny_data_root, finished_run, damage):
     ckpt = finished_run / 'ckpt.pt'
