@@ -386,9 +386,9 @@ def corridor_settled_table(runs):
         changes = [r['val_loss'] - float(r['val_loss_previous_eval']) for r in attention if r.get('val_loss_previous_eval')]
         seeds = f"{len(changes)} seeds" if len(changes) == len(attention) else \
             f"{len(changes)} seeds that record it (of {len(attention)})"
-        budget.append(f"{name}: {tokens / TRAIN_CHARS[corpus]:.2f} epochs; attention's val loss over its last "
-                      "evaluation interval " + (f"{signed(statistics.fmean(changes), 4)} on average, falling in "
-                      f"{sum(c < 0 for c in changes)} of the {seeds}" if changes else "not recorded"))
+        budget.append((f"{signed(statistics.fmean(changes), 4)} on {name}" if changes else f"not recorded on {name}")
+                      + f", {tokens / TRAIN_CHARS[corpus]:.2f} epochs"
+                      + (f", falling in {sum(c < 0 for c in changes)} of the {seeds}" if changes else ''))
     unplanned = []  # the multiplier-3 arm against the multiplier-1 corridor: not in the plan, unadjusted, no family
     for corpus, name in CORPORA.items():
         differences = seed_pairs(runs, f'{corpus}/small-x4', 'corridor_lr=3.0', 'corridor')
@@ -398,18 +398,36 @@ def corridor_settled_table(runs):
             '; '.join(budget), ' and '.join(reversed(unplanned))]
 
 
+PILOT_BOUND = 0.01  # the pilot's rule (plans/corridor_settled.md): settled, γ̄ moves less over the last quarter;
+# stable, the final val loss at most this above the multiplier-1 corridor's
+
+
 def corridor_settled_pilot_table(runs):
-    """The pilot's table: per corpus and operator learning-rate multiplier, the final loss, γ̄, δ̄ and how far γ̄
-    still moved over the last quarter (the rule that picked the main study's multiplier reads the last)."""
-    out = ["| corpus | operator_lr_mult | final val loss | final γ̄ | final δ̄ | γ̄ over the last quarter |",
-           '|---|---|---|---|---|---|']
-    for corpus in ('wikitext2_char', 'shakespeare_char'):
-        cells = sorted((parse_variant(v)[1].get('operator_lr_mult', 1.0), r) for (s, v, _), r in runs.items()
-                       if s == f'{corpus}/small-x4')
-        out += [f"| {CORPORA[corpus]} | {mult:g} | {r['val_loss']:.4f} | "
-                f"{signed(float(r['gamma_mean']), 3)} | {float(r['delta_mean']):.3f} | "
-                f"{signed(float(r['gamma_change_last_quarter']), 3)} |" for mult, r in cells]
-    return ['\n'.join(out)]
+    """The pilot's pick of the main study's operator learning-rate multiplier M, by the rule named in advance and read
+    from its runs: the smallest multiplier above 1 that is settled and stable on both corpora (if none settles, the
+    largest stable one), and what the rule read for it beside multiplier 1's runs."""
+    cells = {(s.split('/')[0], parse_variant(v)[1].get('operator_lr_mult', 1.0)): r for (s, v, _), r in runs.items()}
+    corpora = [c for c in ('wikitext2_char', 'shakespeare_char') if (c, 1.0) in cells]
+
+    def above_one(c, m):
+        return cells[(c, m)]['val_loss'] - cells[(c, 1.0)]['val_loss']
+
+    def moves(c, m):
+        return float(cells[(c, m)]['gamma_change_last_quarter'])
+    multipliers = sorted({m for c, m in cells if m != 1.0 and all((k, m) in cells for k in corpora)})
+    stable = [m for m in multipliers if all(above_one(c, m) <= PILOT_BOUND for c in corpora)]
+    settled = [m for m in stable if all(abs(moves(c, m)) < PILOT_BOUND for c in corpora)]
+    if not stable:
+        return ["**no multiplier is stable**"]
+    chosen, how = (settled[0], 'settled and stable') if settled else (stable[-1], 'none settles: the largest stable')
+
+    def both(f):
+        return ' and '.join(f(c) for c in corpora)
+    return [f"**M = {chosen:g}**, {how}: on {both(lambda c: CORPORA[c])} γ̄ moves "
+            f"{both(lambda c: signed(moves(c, chosen), 3))} over the last quarter, the final loss is "
+            f"{both(lambda c: signed(above_one(c, chosen)))} against multiplier 1's, and γ̄ ends at "
+            f"{both(lambda c: signed(float(cells[(c, chosen)]['gamma_mean']), 3))} (multiplier 1: "
+            f"{both(lambda c: signed(float(cells[(c, 1.0)]['gamma_mean']), 3))})"]
 
 
 SIZES = {'tiny': 'tiny', 'small': 'small, the base', 'medium-x2': 'medium-x2'}  # the scales study's, smallest first
@@ -549,28 +567,50 @@ def percent(x):
     return f"{100 * x:.0f} %"
 
 
+def span(values, digits, sign=True):
+    """'−0.192 … −0.181' (signed) or '0.010–0.012' (not): the range of values over runs, one value where all agree."""
+    shown = [signed(x, digits) if sign else f"{x:.{digits}f}" for x in (min(values), max(values))]
+    return shown[0] if shown[0] == shown[1] else (' … ' if sign else '–').join(shown)
+
+
+def share_span(values):
+    """'25–75 %' or '100 %': the range of shares over runs."""
+    shown = [f"{100 * x:.0f}" for x in (min(values), max(values))]
+    return f"{shown[0]} %" if shown[0] == shown[1] else f"{shown[0]}–{shown[1]} %"
+
+
 def gamma_dynamics_table(runs, layers=None):
-    """Claim (b)'s tables (per run: the share strictly inside by layer, γ̄ of layer 0 and of the rest, γ's range, the
-    last quarter's largest range, δ̄, the loss and its gap to attention on the same seed), and what the page quotes:
-    the primary test's shares, where the later layers settle, layer 0's contrast, the settling ranges, δ's range and
-    each learnable variant − attention (Holm across the settings, as the report forms the families)."""
+    """Claim (b)'s table, a row per variant and setting summarising its runs (each read from its layers): the share of
+    the heads beyond layer 0 strictly inside (−1 < γ < −0.05) in each seed, the primary test, and how many heads that
+    is where there is one seed; layer 0's share; γ̄ of layer 0 and of the later layers' heads; γ's range over every
+    head; the largest range of one head over the last quarter; δ̄; the mean loss gap to attention on the same seed.
+    Then what the page quotes: layer 0's contrast with the later layers over seeds, and each learnable variant −
+    attention (Holm across the settings, as the report forms the families)."""
     layers = read_layers('gamma_dynamics') if layers is None else layers
     tests = cell_tests('gamma_dynamics', runs, [(v, 'attention') for v in DYNAMICS_ROWS])
-    tables, summary = [], {}
+    out = [f"| variant ({next(iter(DYNAMICS_SETTINGS.values()))}, unless named) | seeds | beyond layer 0 in −1 < γ < −0.05, each seed | layer 0 in it | γ̄ layer 0 | γ̄ layers ≥ 1 "
+           "| γ range | one head's largest γ range, last quarter | δ̄ | − attention, mean |", '|' + '---|' * 10]
+    summary = {}
     for setting, name in DYNAMICS_SETTINGS.items():
-        out = [f"| {name} | seed | % in −1 < γ < −0.05, by layer | γ̄ layer 0 | γ̄ layers ≥ 1 | γ range | one head's "
-               "largest γ range, last quarter | δ̄ | val loss | − attention |", '|' + '---|' * 10]
         for variant, label in DYNAMICS_ROWS.items():
-            for i, seed in enumerate(sorted(k for s, v, k in runs if (s, v) == (setting, variant))):
-                run, attention = runs[(setting, variant, seed)], runs.get((setting, 'attention', seed))
-                cells = summary[(setting, variant, seed)] = layer_summary(layers[(setting, variant, seed)])
-                gap = signed(run['val_loss'] - attention['val_loss']) if attention else '–'
-                out.append(f"| {label if i == 0 else '…'} | {seed} | {'/'.join(f'{100 * x:.0f}' for x in cells['inside'])} | "
-                           f"{signed(cells['gamma0'], 3)} | {signed(cells['gamma_rest'], 3)} | [{signed(cells['low'], 2)}, "
-                           f"{signed(cells['high'], 2)}] | {cells['settling']:.3f} | {float(run['delta_mean']):.2f} | "
-                           f"{run['val_loss']:.4f} | {gap} |")
-        if len(out) > 2:
-            tables.append('\n'.join(out))
+            seeds = sorted(k for s, v, k in runs if (s, v) == (setting, variant))
+            if not seeds:
+                continue
+            cells = [summary.setdefault((setting, variant, k), layer_summary(layers[(setting, variant, k)])) for k in seeds]
+            later = ', '.join(percent(c['inside_rest']) for c in cells)
+            if len(seeds) == 1:
+                rest = layers[(setting, variant, seeds[0])][1:]
+                later += (f" ({round(sum(layer['inside_claim_b'] * layer['heads'] for layer in rest))} of "
+                          f"{round(sum(layer['heads'] for layer in rest))})")
+            gaps = [runs[(setting, variant, k)]['val_loss'] - runs[(setting, 'attention', k)]['val_loss']
+                    for k in seeds if (setting, 'attention', k) in runs]
+            out.append(f"| {label if setting == next(iter(DYNAMICS_SETTINGS)) else f'{name}: {label}'} | {len(seeds)} | "
+                       f"{later} | {share_span([c['inside'][0] for c in cells])} | "
+                       f"{span([c['gamma0'] for c in cells], 3)} | {span([c['gamma_rest'] for c in cells], 3)} | "
+                       f"[{signed(min(c['low'] for c in cells), 2)}, {signed(max(c['high'] for c in cells), 2)}] | "
+                       f"{span([c['settling'] for c in cells], 3, sign=False)} | "
+                       f"{span([float(runs[(setting, variant, k)]['delta_mean']) for k in seeds], 2, sign=False)} | "
+                       f"{signed(statistics.fmean(gaps)) if gaps else '–'} |")
     long = 'shakespeare_char/small-long'
 
     def of(variant, key):
@@ -580,18 +620,10 @@ def gamma_dynamics_table(runs, layers=None):
         t = paired_test([a - b for a, b in zip(of(variant, 'gamma0'), of(variant, 'gamma_rest'))])
         return f"{signed(t.mean, 3)} [{signed(t.low, 3)}, {signed(t.high, 3)}], p {p_text(t.p)}"
 
-    settled = of('corridor', 'gamma_rest') + of('corridor_spread', 'gamma_rest')
-    deltas = [float(r['delta_mean']) for (s, v, _), r in runs.items() if s == long and v in DYNAMICS_ROWS]
     gaps = [f"{DYNAMICS_ROWS[v]} − attention {ci(t)} ({t.n} seeds), Holm {p_text(p)}"
             for (s, v, _), (t, p, _, _) in tests.items() if s == long and t.n > 1]
-    return [*tables,
-            f"{', '.join(map(percent, of('corridor', 'inside_rest')))} from γ0 = 0; "
-            f"{', '.join(map(percent, of('corridor_spread', 'inside_rest')))} from the spread start",
-            f"{signed(min(settled), 3)} to {signed(max(settled), 3)}",
-            f"{contrast('corridor')} from γ0 = 0 and {contrast('corridor_spread')} from the spread start",
-            f"{min(of('corridor', 'settling')):.3f}–{max(of('corridor', 'settling')):.3f} from γ0 = 0, "
-            f"{min(of('corridor_spread', 'settling')):.3f}–{max(of('corridor_spread', 'settling')):.3f} from the spread start",
-            f"{min(deltas):.2f}–{max(deltas):.2f}", '; '.join(gaps)]
+    return ['\n'.join(out), f"{contrast('corridor')} from γ0 = 0 and {contrast('corridor_spread')} from the spread start",
+            '; '.join(gaps)]
 
 
 PRETRAINED = 'wikitext2_smollm2-135m/operator'
@@ -672,33 +704,54 @@ def pretrained_tables(runs, layers=None, frozen=None):
             out.append(head + f"{report_cell(curve[gamma], adjusted[gamma][0])} | {lower} of {len(values)} |")
         else:
             out.append(head + "– | – |")
-    cells = [f"| claim | cell | seeds | mean [95 % CI], unadjusted p, Holm p (all {m}), MDE | per seed |",
+    cells = [f"| claim | cell | seeds | mean [95 % CI], unadjusted p, Holm p (all {m}), MDE | seeds below 0 |",
              '|---|---|---|---|---|']
     for (claim, a, b), (t, differences) in trained.items():
         cells.append(f"| {claim} | {pretrained_name(a)} − {pretrained_name(b)} | {t.n} | "
-                     f"{report_cell(t, adjusted[(claim, a, b)][0])} | " + ', '.join(signed(d) for d in differences) + ' |')
-    per_run = ["| variant | seed | frozen → final val loss | γ̄ [min, max] | −1 < γ < 0 | −1 < γ < −0.05 | heads above 0 "
-               "(at 0) | largest γ range in the last quarter | wall time |", '|' + '---|' * 9]
-    order = list(PRETRAINED_NAMES)
+                     f"{report_cell(t, adjusted[(claim, a, b)][0])} | {sum(d < 0 for d in differences)}/{t.n} |")
+    per_variant = ["| variant | seeds | val loss, frozen → final (mean) | γ̄ [min, max] | −1 < γ < 0 | −1 < γ < −0.05 | "
+                   f"heads above 0 (at 0), of {round(sum(layer['heads'] for layer in next(iter(layers.values()))))} | "
+                   "largest γ range in the last quarter | wall time |", '|' + '---|' * 9]
 
     def end(x):  # γ ≥ 0's floor and δ only's γ are exactly 0: no sign to print
         return '0' if x == 0 else signed(x, 2)
-    for (s, v, k), r in sorted(runs.items(), key=lambda item: (order.index(item[0][1].split('=')[0]), item[0][2])):
-        heads = layers[(s, v, k)]
-        low, high = min(layer['gamma_min'] for layer in heads), max(layer['gamma_max'] for layer in heads)
+
+    def heads_span(counts):
+        return str(min(counts)) if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
+    shares = {}
+    for variant in sorted(in_file, key=lambda v: list(PRETRAINED_NAMES).index(v.split('=')[0])):
+        seeds = sorted(k for _, v, k in runs if v == variant)
+        heads = [layers[(PRETRAINED, variant, k)] for k in seeds]
+        low, high = min(x['gamma_min'] for h in heads for x in h), max(x['gamma_max'] for h in heads for x in h)
         # held: one γ in every head (δ only, a fixed γ). The file writes γ to 6 decimals, so a held γ read back as
         # c_I / c_P is one number there, though its heads differ by float noise; on claim (b)'s bound that noise
         # puts a few heads a hair below −0.05 (the file's inside_claim_b), which is no share to count
-        where = (f"{end(low)} (held)" if low == high
-                 else f"{signed(float(r['gamma_mean']), 3)} [{end(low)}, {end(high)}]")
-        deep = 'on the bound' if low == high == CLAIM_B else percent(over_heads(heads, 'inside_claim_b'))
-        seconds = f"{float(r['seconds']) / 60:.0f} min" if r['seconds'] else '–'
-        per_run.append(f"| {pretrained_name(v)} | {k} | {at_start(v, k):.4f} → {r['val_loss']:.4f} | {where} | "
-                       f"{percent(over_heads(heads, 'in_corridor'))} | {deep} | "
-                       f"{sum(int(layer['above_zero']) for layer in heads)} "
-                       f"({sum(int(layer['at_zero']) for layer in heads)}) | "
-                       f"{max(layer['gamma_range_last_quarter'] for layer in heads):.3f} | {seconds} |")
-    return ['\n'.join(out), '\n'.join(cells), '\n'.join(per_run),
+        where = (f"{end(low)} (held)" if low == high else
+                 f"{span([float(runs[(PRETRAINED, variant, k)]['gamma_mean']) for k in seeds], 3)} [{end(low)}, {end(high)}]")
+        inside = shares[variant] = [over_heads(h, 'in_corridor') for h in heads], [over_heads(h, 'inside_claim_b') for h in heads]
+        deep = 'on the bound' if low == high == CLAIM_B else share_span(inside[1])
+        above, at = ([sum(int(x[key]) for x in h) for h in heads] for key in ('above_zero', 'at_zero'))
+        minutes = [float(runs[(PRETRAINED, variant, k)]['seconds']) / 60 for k in seeds if runs[(PRETRAINED, variant, k)]['seconds']]
+        per_variant.append(
+            f"| {pretrained_name(variant)} | {len(seeds)} | {statistics.fmean(at_start(variant, k) for k in seeds):.4f} → "
+            f"{statistics.fmean(final(variant, k) for k in seeds):.4f} | {where} | {share_span(inside[0])} | "
+            f"{deep} | {heads_span(above)} "
+            f"({heads_span(at)}) | {span([max(x['gamma_range_last_quarter'] for x in h) for h in heads], 3, sign=False)} | "
+            + (f"{span(minutes, 0, sign=False)} min" if minutes else '–') + ' |')
+    quoted = []  # claims (b), (c) and (d) in the page's words
+    if 'corridor' in in_file:
+        per_layer = [x['in_corridor'] for (_, v, _), h in layers.items() if v == 'corridor' for x in h]
+        quoted.append(f"{share_span(shares['corridor'][0])} of the heads end in −1 < γ < 0 ({share_span(per_layer)} a "
+                      f"layer), {share_span(shares['corridor'][1])} below −0.05")
+    if 'gamma_nonneg' in in_file:
+        quoted.append(f"{heads_span([sum(int(x['at_zero']) for x in h) for (_, v, _), h in layers.items() if v == 'gamma_nonneg'])}"
+                      " heads end pinned at 0")
+    fixed = pretrained_variant(in_file, 'fixed_gamma_delta')
+    if fixed in in_file and 'delta_only' in in_file:
+        seeds = sorted(k for _, v, k in runs if v == fixed and (PRETRAINED, 'delta_only', k) in runs)
+        quoted.append(f"{span([at_start(fixed, k) - at_start('delta_only', k) for k in seeds], 3)} at each seed's start, "
+                      f"{span(seed_pairs(runs, PRETRAINED, fixed, 'delta_only'), 3)} trained")
+    return ['\n'.join(out), '\n'.join(cells), '\n'.join(per_variant), *quoted,
             *(f"{ci(t)} (Holm {p_text(adjusted[key][0])})" for key, (t, _) in trained.items())]
 
 
@@ -974,13 +1027,11 @@ def compute_words(low, high):
 
 
 def compute_table(pairs, linear, quadratic):
-    """The compute multiplier's table (per mode: pairs, r, c from the linear m and from the quadratic m, the words), how
-    the pairs were timed, and r and c per mode as the page quotes them, for the learnable corridor (the variant the
-    bench times)."""
-    out = ["| training step timed | pairs | r: corridor ÷ attention throughput [95 % CI] | compute multiplier c = m·r, "
-           "m linear (pre-registered) [95 % CI] | c, m quadratic [95 % CI] | compute-matched gain at this size |",
+    """The compute multiplier's table (per mode: pairs, r, c from the linear m and from the quadratic m, the words) and
+    how the pairs were timed, for the learnable corridor (the variant the bench times)."""
+    out = ["| training step timed | pairs | r: corridor ÷ attention throughput [95 % CI] | c = m·r, m linear [95 % CI] "
+           "| c, m quadratic [95 % CI] | compute-matched gain at this size |",
            '|---|---|---|---|---|---|']
-    quotes = []
     for mode, label in THROUGHPUT_MODES.items():
         ratio = throughput_ratio(pairs, mode)
         if not ratio.n:
@@ -990,14 +1041,13 @@ def compute_table(pairs, linear, quadratic):
         (c, (low, high)), (q, (q_low, q_high)) = (compute_multiplier(m, ratio) for m in (linear, quadratic))
         out.append(f"| {label} | {sum(m == mode for m, _ in pairs):,} | {r} | {times(c)} [{times(low)}, {times(high)}] | "
                    f"{times(q)} [{times(q_low)}, {times(q_high)}] | {compute_words(low, high)} |")
-        quotes.append(f"{mode}: r = {r}, c = {times(c)} [{times(low)}, {times(high)}]")
     setup = {key: sorted({str(r[key]) for r in pairs.values()}) for key in ('steps', 'tokens_per_step', 'threads',
                                                                              'torch', 'device')}
     return ['\n'.join(out),
             f"Each pair: {'/'.join(setup['steps'])} training step{'' if setup['steps'] == ['1'] else 's'} of "
             f"{'/'.join(setup['tokens_per_step'])} tokens per variant, interleaved, on {'/'.join(setup['device'])}, "
             f"{'/'.join(setup['threads'])} thread{'' if setup['threads'] == ['1'] else 's'}, torch "
-            f"{'/'.join(setup['torch'])}.", '; '.join(quotes)]
+            f"{'/'.join(setup['torch'])}."]
 
 
 def read_curves(study):
@@ -1030,19 +1080,17 @@ def token_multiplier_tables(runs, settled=None, curves=None, throughput=None):
     variant at 1× the multiplier m with its bootstrap CI, β, D, m from attention's quadratic in ln tokens anchored at
     1× (the curvature check) and m from the 1× and 1.1× budgets alone (the sensitivity named with the plan); how
     attention's curve bends; the corridor from γ0 = −0.1 against fixed γ = −0.1 and against the corridor from γ0 = 0
-    (Holm over the two); where its γ̄ ends against the corridor from γ0 = 0's, paired by seed; the multipliers as the
-    page quotes them; and, from per_seed/throughput.csv (throughput: read_throughput's rows), the compute multiplier
-    of the learnable corridor, or that it is not measured. Each table a string."""
+    (Holm over the two); where its γ̄ ends against the corridor from γ0 = 0's, paired by seed; and, from
+    per_seed/throughput.csv (throughput: read_throughput's rows), the compute multiplier of the learnable corridor, or
+    that it is not measured. Each table a string."""
     settled = read_file('corridor_settled') if settled is None else settled
     check_curves(runs, read_curves('token_multiplier') if curves is None else curves)
     if throughput is None and os.path.exists(os.path.join(PER_SEED, 'throughput.csv')):
         throughput = read_throughput()
     both = {**settled, **runs}
-    out = ["| variant at 1× (4,800 iterations) | D: − attention at 1×, seeds | attention's slope β on ln tokens (curve "
-           "seeds, runs) | token multiplier m, linear in ln tokens (pre-registered) [95 % CI, paired bootstrap] | tokens "
-           "at m | m, quadratic in ln tokens anchored at 1× [95 % CI, the same resamples] | m from 1× and 1.1× alone "
-           "[95 % CI] |", '|---|---|---|---|---|---|---|']
-    quotes, apart, corridor = [], [], None
+    out = ["| variant at 1× (4,800 iterations) | D (seeds) | β (curve seeds, runs) | m, linear (pre-registered) [95 % CI] "
+           "| tokens at m | m, quadratic [95 % CI] | m from 1× and 1.1× alone [95 % CI] |", '|---|---|---|---|---|---|---|']
+    corridor = None
     for variant, label in MULTIPLIER_VARIANTS.items():
         linear = token_multiplier(both, variant)
         m, (low, high), beta, gain, seeds, curve, n, _ = linear
@@ -1055,8 +1103,6 @@ def token_multiplier_tables(runs, settled=None, curves=None, throughput=None):
                    f"{times(m)} [{times(low)}, {times(high)}] | {m * tokens / 1e6:.2f}M | "
                    f"{times(quadratic.m)} [{times(quadratic.ci[0])}, {times(quadratic.ci[1])}] | "
                    f"{times(local)} [{times(local_low)}, {times(local_high)}] |")
-        quotes.append(f"{label}: m = {times(m)} [{times(low)}, {times(high)}]")
-        apart.append(f"{m - quadratic.m:.4f} for the {label}")
         if variant == 'corridor':
             corridor = linear, quadratic
     points = attention_points(both)
@@ -1067,8 +1113,7 @@ def token_multiplier_tables(runs, settled=None, curves=None, throughput=None):
         shape = (f"Attention's curve ({n_curves} curve seeds): its mean slope between consecutive budgets "
                  f"{', '.join(signed(x, 3) for x in steps)}; a quadratic term shared by the seeds F(1, {df}) = {f:.1f}, "
                  f"p {p_text(p)}, curving upward in {upward} of {n_curves} seeds; the quadratic's slope at 1× "
-                 f"{signed(b1, 4)} against the line's {signed(beta, 4)}, so the quadratic's m is below the line's by "
-                 + '; '.join(apart) + '.')
+                 f"{signed(b1, 4)} against the line's {signed(beta, 4)}.")
     compute = ["Compute multiplier: not measured (no per_seed/throughput.csv)."]
     if throughput and corridor:
         compute = compute_table(throughput, *corridor)
@@ -1097,7 +1142,7 @@ def token_multiplier_tables(runs, settled=None, curves=None, throughput=None):
                 signed(g.mean, 3) if g.n else 'no run yet'))
     if not tests:
         arm = ["The corridor from γ0 = −0.1: no run yet."]
-    return ['\n'.join(out), shape, '\n'.join(arm), where, '; '.join(quotes), *compute]
+    return ['\n'.join(out), shape, '\n'.join(arm), where, *compute]
 
 
 def token_multiplier_section(runs):
