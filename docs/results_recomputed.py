@@ -329,9 +329,9 @@ def replication_quotes(runs):
 
 
 def row_cells(t, p_holm, _, below):
-    """A pre-registered test's cells as the powered and settled tables print them: seeds | mean [95 % CI] | p |
-    Holm p | MDE | seeds below 0 | verdict (one cell_tests entry)."""
-    return (f"{t.n} | {signed(t.mean, 5)} [{signed(t.low, 5)}, {signed(t.high, 5)}] | {p_text(t.p)} | {p_text(p_holm)} | "
+    """A pre-registered test's cells as the powered and settled tables print them: mean [95 % CI] | p | Holm p | MDE |
+    seeds below 0 (of the seeds) | verdict (one cell_tests entry)."""
+    return (f"{signed(t.mean, 5)} [{signed(t.low, 5)}, {signed(t.high, 5)}] | {p_text(t.p)} | {p_text(p_holm)} | "
             f"{t.mde:.2g} | {below}/{t.n} | {verdict_words(t, p_holm)}")
 
 
@@ -342,10 +342,9 @@ def fixed_gamma_powered_table(runs):
     roles = {'fixed_gamma=-0.1': ('fixed γ = −0.1', 'primary'), 'fixed_gamma=-0.2': ('fixed γ = −0.2', 'primary'),
              'corridor': ('learnable corridor', 'secondary')}
     tests = cell_tests('fixed_gamma_powered', runs, [(v, 'attention') for v in roles])
-    out = ["| − attention | role | seeds | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict |",
-           '|---|---|---|---|---|---|---|---|---|']
+    out = ["| − attention | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict |", '|---|---|---|---|---|---|---|']
     for variant, (label, role) in roles.items():
-        out.append(f"| {label} | {role} | {row_cells(*tests[(setting, variant, 'attention')])} |")
+        out.append(f"| {label} ({role}) | {row_cells(*tests[(setting, variant, 'attention')])} |")
     corridor, p_corridor = tests[(setting, 'corridor', 'attention')][:2]
     losses = {v: column(runs, setting, v) for v in ('attention', *roles)}
     gamma, delta = (statistics.fmean(column(runs, setting, 'corridor', k)) for k in ('gamma_mean', 'delta_mean'))
@@ -370,13 +369,13 @@ def corridor_settled_table(runs):
     rows = (('corridor', 'learnable corridor', 'primary'), ('corridor_lr=3.0', 'corridor, operator_lr_mult 3', 'secondary'),
             ('fixed_gamma=-0.1', 'fixed γ = −0.1, δ = 1', 'secondary'))
     tests = cell_tests('corridor_settled', runs, [(v, 'attention') for v, _, _ in rows])
-    out = ["| corpus | − attention | role | seeds | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict | final γ̄, δ̄ "
-           "| γ̄ change, last quarter |", '|---|---|---|---|---|---|---|---|---|---|---|---|']
+    out = ["| corpus | − attention | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict | final γ̄, δ̄ | γ̄ change, "
+           "last quarter |", '|---|---|---|---|---|---|---|---|---|---|']
     for corpus, name in CORPORA.items():
         setting = f'{corpus}/small-x4'
         for variant, label, role in rows:
             change = statistics.fmean(column(runs, setting, variant, 'gamma_change_last_quarter'))
-            out.append(f"| {name} | {label} | {role} | {row_cells(*tests[(setting, variant, 'attention')])} | "
+            out.append(f"| {name} | {label} ({role}) | {row_cells(*tests[(setting, variant, 'attention')])} | "
                        f"{gamma_delta(runs, setting, variant)} | {signed(change, 3)} |")
     primary = [(name, *tests[(f'{corpus}/small-x4', 'corridor', 'attention')][:2]) for corpus, name in CORPORA.items()]
     budget = []
@@ -515,7 +514,7 @@ def ladder_table(runs):
     tests = cell_tests('ladder', runs, [('corridor', 'attention')])
     (slope, low, high, p, pairs), (w_slope, w_low, w_high, w_p, k), chi2, params = size_fits(runs, settings)
     out = ["| corridor − attention | non-embedding parameters (layers × width) | tokens (epochs of Tiny Shakespeare) | "
-           "seeds | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict | γ̄ |", '|' + '---|' * 11]
+           "mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict | γ̄ |", '|' + '---|' * 10]
     for rung, setting in zip(RUNGS, settings):
         config = setting_config(setting)
         tokens = int(next(r['tokens'] for (s, _, _), r in runs.items() if s == setting))
@@ -1123,15 +1122,15 @@ def token_multiplier_tables(runs, settled=None, curves=None, throughput=None):
         if differences:
             tests[other] = paired_test(differences)
     adjusted = holm_within(tests, lambda key: 'the γ0 = −0.1 arm')
-    arm = ["| test (paired by seed, Holm over 2) | seeds | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict |",
-           '|---|---|---|---|---|---|---|---|']
+    arm = ["| test (paired by seed, Holm over 2) | mean [95 % CI] | p | Holm p | MDE | seeds below 0 | verdict |",
+           '|---|---|---|---|---|---|---|']
     for other, t in tests.items():
         below = sum(d < 0 for d in seed_pairs(both, MULTIPLIER_BASE, 'corridor_start', other))
         name = MULTIPLIER_VARIANTS[other]
         if t.n > 1:
             arm.append(f"| corridor from γ0 = −0.1 − {name} | {row_cells(t, adjusted[other][0], None, below)} |")
         else:
-            arm.append(f"| corridor from γ0 = −0.1 − {name} | 1 | {signed(t.mean, 5)} | – | – | – | {below} of 1 | no test |")
+            arm.append(f"| corridor from γ0 = −0.1 − {name} | {signed(t.mean, 5)} | – | – | – | {below}/1 | no test |")
     gammas = [float(both[(MULTIPLIER_BASE, 'corridor_start', k)]['gamma_mean'])
               - float(both[(MULTIPLIER_BASE, 'corridor', k)]['gamma_mean'])
               for k in sorted(k for s, v, k in both if (s, v) == (MULTIPLIER_BASE, 'corridor_start'))

@@ -220,13 +220,13 @@ def test_the_settled_corridor_table_is_its_per_seed_cells_and_stays_off_the_page
     runs = module.read_per_seed(tmp_path / 'corridor_settled.csv')
     assert len(runs) == 24  # seeds 300–302, 4 variants, 2 corpora
     table = module.corridor_settled_table(runs)[0]
-    labels = {'corridor': 'learnable corridor | primary', 'corridor_lr=3.0': 'corridor, operator_lr_mult 3 | secondary',
-              'fixed_gamma=-0.1': 'fixed γ = −0.1, δ = 1 | secondary'}
+    labels = {'corridor': 'learnable corridor (primary)', 'corridor_lr=3.0': 'corridor, operator_lr_mult 3 (secondary)',
+              'fixed_gamma=-0.1': 'fixed γ = −0.1, δ = 1 (secondary)'}
     for setting, a, b, t, p_holm, m, below in module.per_seed_cells('corridor_settled', runs):
         assert m == 2 and b == 'attention'
         row = next(line for line in table.splitlines()
                    if line.startswith(f"| {module.CORPORA[setting.split('/')[0]]} | {labels[a]} "))
-        assert f'| {t.n} | {module.signed(t.mean, 5)} [' in row
+        assert f'({labels[a].split(" (")[1]} | {module.signed(t.mean, 5)} [' in row and t.n == 3
         assert f' | {module.p_text(p_holm)} | ' in row and f' | {below}/{t.n} | ' in row
     # the budget's check: epochs from the tokens, attention's last fall over the seeds whose rows record it
     assert module.corridor_settled_table(runs)[2] == ("not recorded on Tiny Shakespeare, 3.67 epochs; not recorded on "
@@ -293,10 +293,10 @@ def test_the_powered_table_holds_the_two_fixed_gammas_in_one_family_and_the_corr
     holm = {v: (2 * low if tests[v].p == low else max(2 * low, high)) for v in ('fixed_gamma=-0.1', 'fixed_gamma=-0.2')}
     for v, label in (('fixed_gamma=-0.1', 'fixed γ = −0.1'), ('fixed_gamma=-0.2', 'fixed γ = −0.2')):
         row = next(line for line in table.splitlines()
-                   if line.startswith(f'| {label} | primary | 3 | '))
+                   if line.startswith(f'| {label} (primary) | '))
         assert f' | {module.p_text(tests[v].p)} | {module.p_text(holm[v])} | ' in row
     row = next(line for line in table.splitlines()
-               if line.startswith('| learnable corridor | secondary |'))
+               if line.startswith('| learnable corridor (secondary) |'))
     p = module.p_text(tests['corridor'].p)
     assert f' | {p} | {p} | ' in row  # alone: Holm is the unadjusted p
     assert q1 == f"γ = −0.1: {module.ci(tests['fixed_gamma=-0.1'])}" and corridor.startswith(module.ci(tests['corridor']))
@@ -387,8 +387,9 @@ def test_the_ladders_table_and_its_two_fits_on_size_from_a_per_seed_file():
     holm = module.holm([t.p for t in tests])
     for name, t, p_holm in zip(module.RUNGS, tests, holm):
         row = next(line for line in table.splitlines() if line.startswith(f'| {name} | '))
-        assert f" | {t.n} | {module.signed(t.mean, 5)} [" in row and f" | {module.p_text(p_holm)} | " in row
-    assert '| ladder-xs | 0.056M (2 × 48) | 0.23M (0.23) | 6 |' in table
+        assert f" | {module.signed(t.mean, 5)} [" in row and f" | {module.p_text(p_holm)} | " in row
+        assert f" | {sum(d < 0 for d in pairs[name])}/{t.n} | " in row
+    assert '| ladder-xs | 0.056M (2 × 48) | 0.23M (0.23) | −0.00020 [' in table
 
 
 def test_the_per_seed_readers_refuse_a_file_that_repeats_a_run_a_layer_or_a_batch(tmp_path, monkeypatch):
@@ -725,7 +726,8 @@ def test_the_token_multiplier_is_exp_of_the_gain_over_attentions_slope_on_log_to
     holm = dict(zip(sorted(tests, key=lambda o: tests[o].p), (2 * p_low, max(2 * p_low, p_high))))
     for other, label in (('fixed', 'fixed γ = −0.1, δ = 1'), ('corridor', 'learnable corridor (γ0 = 0)')):
         row = next(line for line in tables[2].splitlines() if line.startswith(f'| corridor from γ0 = −0.1 − {label} |'))
-        assert f'| 6 | {module.signed(tests[other].mean, 5)} [' in row and f' | {module.p_text(min(1, holm[other]))} | ' in row
+        assert f' | {module.signed(tests[other].mean, 5)} [' in row and f' | {module.p_text(min(1, holm[other]))} | ' in row
+        assert row.count('/6 | ') == 1  # seeds below 0, of the 6
     assert tables[3].startswith('Final γ̄ of the corridor from γ0 = −0.1 − from γ0 = 0, paired by seed (6 seeds): −0.010 [')
     assert module.planned_runs('token_multiplier_curves', module.read_file('token_multiplier_curves'))[0] == len(study)
     assert tables[-1] == 'Compute multiplier: not measured (no per_seed/throughput.csv).'
