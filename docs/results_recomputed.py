@@ -663,8 +663,10 @@ def report_cell(t, p_holm):
 def pretrained_tables(runs, layers=None, frozen=None):
     """The 135M study's tables: the frozen model's fixed-γ curve (each γ − (γ = 0) paired by evaluation batch), the
     trained cells (lab.study_figures.PRETRAINED_CELLS, paired by seed; 'frozen': each run's own iteration-0 loss),
-    all in one Holm family as the report forms it, and where γ ends per run; then each trained cell's CI and Holm p
-    as the pages quote them."""
+    all in one Holm family as the report forms it, with the seeds below 0; where γ ends, a row per variant in ranges
+    over its seeds; claims (b), (c) and (d) in the page's words (the corridor's shares, the heads γ ≥ 0 pins at 0,
+    the fixed γ's cost at each seed's start and trained); then each trained cell's CI and Holm p as the pages quote
+    them."""
     runs = {key: r for key, r in runs.items() if key[0] == PRETRAINED}
     layers = read_layers('pretrained') if layers is None else layers
     frozen = read_frozen('pretrained', PRETRAINED) if frozen is None else frozen
